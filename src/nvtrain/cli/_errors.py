@@ -1,0 +1,33 @@
+"""The one place where library errors become messages and exit codes."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+import typer
+
+from nvtrain.errors import ConfigError, NvtrainError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def exit_on_error(command: Callable[P, R]) -> Callable[P, R]:
+    """Run ``command``; an ``NvtrainError`` is printed to stderr and ends it with its exit code."""
+
+    @functools.wraps(command)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return command(*args, **kwargs)
+        except NvtrainError as exc:
+            from nvtrain.cli import _console
+
+            if isinstance(exc, ConfigError):
+                _console.print_findings(exc.source, exc.findings)
+            else:
+                _console.print_error(exc)
+            raise typer.Exit(int(exc.exit_code)) from None
+
+    return wrapper

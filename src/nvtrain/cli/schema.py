@@ -1,0 +1,27 @@
+"""``nvtrain schema``: the policy's JSON Schema, for editors that complete TOML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from nvtrain.cli._errors import exit_on_error
+
+
+@exit_on_error
+def command(
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", metavar="FILE", help="Write to FILE instead of stdout."),
+    ] = None,
+) -> None:
+    """Print the policy's JSON Schema."""
+    from nvtrain.config.reference import schema_json
+
+    text = schema_json()
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        output.write_text(text, encoding="utf-8")

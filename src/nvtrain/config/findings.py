@@ -1,0 +1,75 @@
+"""A finding: one problem (or remark) about one key of one file, with the value, rule and fix."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Literal
+
+__all__ = ["Finding", "Severity", "has_errors", "toml_value"]
+
+Severity = Literal["error", "warning", "info"]
+_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Finding:
+    """One problem or remark.
+
+    ``table`` is the dotted TOML table (``"restart.in_job"``; ``"faults.1"`` for the second
+    ``[[faults]]`` entry; ``""`` for the top level), ``key`` the key inside it (None when the
+    finding is about the whole table or file), ``value`` the value found written as TOML (None
+    when the key is missing), ``rule`` what is wrong and ``fix`` what to do about it.
+    """
+
+    severity: Severity
+    code: str
+    table: str
+    key: str | None
+    rule: str
+    fix: str
+    value: str | None = None
+    file: str = ""
+    line: int | None = None
+    column: int | None = None
+
+    @property
+    def where(self) -> str:
+        """``[restart.in_job] max_restarts``, ``[[faults]] #2 rank`` or ``(top level) key``."""
+        head, _, index = self.table.rpartition(".")
+        if head and index.isdigit():
+            table = f"[[{head}]] #{int(index) + 1}"
+        elif self.table:
+            table = f"[{self.table}]"
+        else:
+            table = "(top level)"
+        return f"{table} {self.key}" if self.key else table
+
+    def sort_key(self) -> tuple[int, int, str]:
+        return (self.line if self.line is not None else 1 << 30, _ORDER[self.severity], self.where)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["where"] = self.where
+        return data
+
+
+def has_errors(findings: list[Finding]) -> bool:
+    return any(f.severity == "error" for f in findings)
+
+
+def toml_value(value: object, limit: int = 80) -> str:
+    """``value`` written as it would appear in a TOML file, shortened to ``limit`` characters."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, str):
+        text = json.dumps(value, ensure_ascii=False)
+    elif isinstance(value, int | float):
+        text = repr(value)
+    elif isinstance(value, list):
+        text = "[" + ", ".join(toml_value(v, limit) for v in value) + "]"
+    elif isinstance(value, dict):
+        text = "{" + ", ".join(f"{k} = {toml_value(v, limit)}" for k, v in value.items()) + "}"
+    else:
+        text = str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

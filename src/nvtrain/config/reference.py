@@ -1,0 +1,130 @@
+"""Generated reference material: the JSON Schema and the key reference in ``docs/policy.md``.
+
+``python -m nvtrain.config.reference`` rewrites ``docs/policy.schema.json`` and the generated
+part of ``docs/policy.md``; a test fails when either is out of date.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from nvtrain.config.duration import format_duration, is_duration_field
+from nvtrain.config.findings import toml_value
+from nvtrain.config.schema import Policy
+
+__all__ = ["BEGIN", "END", "key_reference", "schema_json", "update_docs"]
+
+BEGIN = "<!-- BEGIN GENERATED KEY REFERENCE: python -m nvtrain.config.reference -->"
+END = "<!-- END GENERATED KEY REFERENCE -->"
+
+
+def schema_json() -> str:
+    schema = Policy.model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "nvtrain policy"
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"
+
+
+def _type_name(info: FieldInfo) -> str:
+    if is_duration_field(info.metadata):
+        return "duration"
+    return _annotation_name(info.annotation)
+
+
+def _annotation_name(annotation: Any) -> str:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Literal:
+        return " \\| ".join(f'`"{a}"`' for a in args)
+    if origin in (typing.Union, types.UnionType):
+        names = [_annotation_name(a) for a in args if a is not type(None)]
+        return " \\| ".join(names)
+    if origin is list:
+        return f"array of {_annotation_name(args[0])}"
+    names = {int: "integer", float: "number", str: "string", bool: "boolean"}
+    return names.get(annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def _default(info: FieldInfo) -> str:
+    if info.is_required():
+        return "required"
+    if info.default_factory is not None:
+        value = info.default_factory()  # type: ignore[call-arg]
+        return "`[]`" if value == [] else "(table)"
+    if info.default is None:
+        return "not set"
+    if is_duration_field(info.metadata):
+        return f"`{toml_value(format_duration(info.default))}`"
+    return f"`{toml_value(info.default)}`"
+
+
+def _tables(model: type[BaseModel], name: str, out: list[tuple[str, type[BaseModel]]]) -> None:
+    out.append((name, model))
+    for field_name, info in model.model_fields.items():
+        key = info.alias or field_name
+        inner = _model_of(info.annotation)
+        if inner is not None:
+            child = f"{name}.{key}" if name else key
+            _tables(inner, child, out)
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def key_reference() -> str:
+    """Markdown: one section per table, one row per key (type, default, meaning)."""
+    tables: list[tuple[str, type[BaseModel]]] = []
+    _tables(Policy, "", tables)
+    lines: list[str] = []
+    for name, model in tables[1:]:
+        header = f"[[{name}]]" if name == "faults" else f"[{name}]"
+        lines += [f"### `{header}`", "", (model.__doc__ or "").strip(), ""]
+        rows = [(info.alias or key, info) for key, info in model.model_fields.items()
+                if _model_of(info.annotation) is None]
+        if not rows:
+            continue
+        lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
+        for key, info in rows:
+            doc = " ".join((info.description or "").split()).replace("|", "\\|")
+            lines.append(f"| `{key}` | {_type_name(info)} | {_default(info)} | {doc} |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def update_docs(docs: Path) -> list[Path]:
+    """Rewrite the generated files under ``docs``; returns the files that changed."""
+    changed = []
+    schema_path = docs / "policy.schema.json"
+    if not schema_path.exists() or schema_path.read_text(encoding="utf-8") != schema_json():
+        schema_path.write_text(schema_json(), encoding="utf-8")
+        changed.append(schema_path)
+    page = docs / "policy.md"
+    text = page.read_text(encoding="utf-8")
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    new = f"{head}{BEGIN}\n\n{key_reference()}\n{END}{tail}"
+    if new != text:
+        page.write_text(new, encoding="utf-8")
+        changed.append(page)
+    return changed
+
+
+if __name__ == "__main__":
+    root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("docs")
+    for path in update_docs(root):
+        print(f"updated {path}")

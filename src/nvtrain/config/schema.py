@@ -1,0 +1,231 @@
+"""The policy: one TOML file per training job, read by the launcher and by every worker.
+
+Each table of the file is a model below; each key is a field with its docstring (shown in
+``docs/policy.md`` and in the JSON Schema). Type checks live here; rules that relate several keys
+live in ``checks.py`` so that ``nvtrain validate`` can report all of them at once and warn.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from nvtrain.config.duration import Duration
+
+__all__ = [
+    "Checkpoint",
+    "Fault",
+    "FaultKind",
+    "Heartbeat",
+    "InJobRestart",
+    "InProcessRestart",
+    "Job",
+    "Policy",
+    "Rendezvous",
+    "Restart",
+]
+
+POLICY_CONFIG = ConfigDict(
+    extra="forbid",
+    frozen=True,
+    strict=True,
+    use_attribute_docstrings=True,
+    populate_by_name=True,
+)
+
+FaultKind = Literal["exception", "hang", "sigkill", "oom", "sigterm"]
+
+
+class Job(BaseModel):
+    """What to run."""
+
+    model_config = POLICY_CONFIG
+
+    name: str = Field(min_length=1)
+    """Name of the training job: a DNS label (lowercase letters, digits, '-'). It prefixes the
+    run id and, on Kubernetes, names the Job and its pods (`<name>-<index>`)."""
+
+    script: str | None = None
+    """Path of the training script each worker runs (like `torchrun train.py`). Give either
+    `script` or `module`."""
+
+    module: str | None = None
+    """Python module each worker runs (like `python -m mypkg.train`). Give either `script` or
+    `module`."""
+
+    args: list[str] = Field(default_factory=list)
+    """Arguments passed to the training script or module."""
+
+    nproc_per_node: int | Literal["gpu", "cpu"] = Field(default=1)
+    """Worker processes per node: a number, `"gpu"` (one per visible GPU) or `"cpu"` (one per
+    CPU core)."""
+
+    max_steps: int | None = Field(default=None, ge=1)
+    """Training steps the script runs, if known. Lets `validate` check fault steps and the
+    checkpoint interval against the length of the run. Unit: steps."""
+
+    collective_timeout: Duration = 600.0
+    """Timeout of the workers' collectives (the `torch.distributed` process-group timeout). A hung
+    collective is noticed after this long at the latest; it must exceed the in-process hard
+    timeout, or the in-process layer never gets to act."""
+
+
+class Rendezvous(BaseModel):
+    """How the pods of the job find each other (headless-Service DNS and the c10d rendezvous)."""
+
+    model_config = POLICY_CONFIG
+
+    service: str | None = None
+    """Name of the headless Service that gives each pod its DNS name. Default: the job name."""
+
+    namespace: str = "default"
+    """Kubernetes namespace of the job."""
+
+    cluster_domain: str = "cluster.local"
+    """DNS domain of the cluster."""
+
+    port: int = Field(default=29500, ge=1, le=65535)
+    """TCP port of the rendezvous store on pod 0."""
+
+    nodes: int = Field(default=1, ge=1)
+    """Nodes (pods) the job wants. Unit: nodes."""
+
+    min_nodes: int | None = Field(default=None, ge=1)
+    """Fewest nodes the job may run with. Default: `nodes` (a fixed-size job). Its meaning depends
+    on the NVRx version: 0.4 shrinks the world to the nodes that are left; 0.6 and later run a
+    fixed world of `min_nodes` and keep the other nodes as hot spares."""
+
+    dns_timeout: Duration = 300.0
+    """How long a pod waits for its peers' DNS records before it gives up (exit 3)."""
+
+    join_timeout: Duration = 900.0
+    """How long the rendezvous waits for all nodes to join (covers pod start skew)."""
+
+
+class Heartbeat(BaseModel):
+    """Hang detection by ft_launcher's per-rank monitors."""
+
+    model_config = POLICY_CONFIG
+
+    initial_timeout: Duration = 1200.0
+    """Longest wait for a worker's first heartbeat: start-up, model build and checkpoint load."""
+
+    timeout: Duration = 900.0
+    """Longest gap between two heartbeats in steady state. A rank silent for longer is
+    considered hung and the workers are restarted."""
+
+    monitor_interval: Duration = 5.0
+    """How often ft_launcher checks its workers and their heartbeats."""
+
+
+class InProcessRestart(BaseModel):
+    """In-process restart (NVRx `inprocess.Wrapper`): soft faults are handled without a new process."""
+
+    model_config = POLICY_CONFIG
+
+    enabled: bool = True
+    """Restart the training function inside the running process after an exception or a
+    detected hang."""
+
+    max_attempts: int = Field(default=10, ge=1)
+    """In-process restarts allowed before the fault is passed to the in-job layer."""
+
+    soft_timeout: Duration = 60.0
+    """No progress for this long: abort the collectives and restart in process."""
+
+    hard_timeout: Duration = 90.0
+    """No progress for this long: kill the process and let ft_launcher restart the workers."""
+
+    min_world_size: int = Field(default=1, ge=1)
+    """Fewest ranks the in-process layer may continue with. Unit: ranks."""
+
+
+class InJobRestart(BaseModel):
+    """In-job restart by ft_launcher: the workers of every pod are started again."""
+
+    model_config = POLICY_CONFIG
+
+    max_restarts: int = Field(default=5, ge=0)
+    """Worker-group restarts ft_launcher may do. 0 disables in-job restarts."""
+
+    policy: Literal["any-failed", "min-healthy"] = "any-failed"
+    """When ft_launcher restarts: `"any-failed"` on any failed worker; `"min-healthy"` (NVRx 0.4
+    only) when fewer than `min_nodes` nodes are healthy."""
+
+
+class Restart(BaseModel):
+    """Restart limits of the recovery layers, and when to give up."""
+
+    model_config = POLICY_CONFIG
+
+    escalate_after: int = Field(default=3, ge=1)
+    """Stop the job (exit 4, never retried) when the same step or the same rank fails this many
+    times in a row without progress."""
+
+    in_process: InProcessRestart = Field(default_factory=InProcessRestart)
+    in_job: InJobRestart = Field(default_factory=InJobRestart)
+
+
+class Checkpoint(BaseModel):
+    """Sharded checkpoints of model and optimizer state."""
+
+    model_config = POLICY_CONFIG
+
+    dir: str = "/checkpoints"
+    """Absolute path of the checkpoint directory, on storage every pod mounts. Checkpoints go to
+    `<dir>/<run id>/step-<N>/`."""
+
+    interval: int = Field(default=1000, ge=1)
+    """Steps between two checkpoints. Unit: steps."""
+
+    async_: bool = Field(default=True, alias="async")
+    """Save in the background: training is blocked only while the state is copied to host
+    memory."""
+
+    keep: int = Field(default=3, ge=1)
+    """Committed checkpoints to keep; older ones are deleted. At least 2 with `async`, so a
+    complete checkpoint survives while the next one is being written."""
+
+
+class Fault(BaseModel):
+    """One deterministic fault to inject, for tests and benchmarks. Fires once per run."""
+
+    model_config = POLICY_CONFIG
+
+    step: int = Field(ge=1)
+    """Training step at which the fault fires."""
+
+    rank: int = Field(ge=0)
+    """Global rank that fails."""
+
+    kind: FaultKind
+    """`exception` (raise), `hang` (stop making progress), `sigkill`, `oom` (exit 137) or
+    `sigterm`."""
+
+
+class Policy(BaseModel):
+    """A training job's fault-tolerance policy."""
+
+    model_config = POLICY_CONFIG
+
+    job: Job
+    rendezvous: Rendezvous = Field(default_factory=Rendezvous)
+    heartbeat: Heartbeat = Field(default_factory=Heartbeat)
+    restart: Restart = Field(default_factory=Restart)
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+    faults: list[Fault] = Field(default_factory=list)
+
+    @property
+    def service(self) -> str:
+        """The headless Service's name (defaults to the job name)."""
+        return self.rendezvous.service or self.job.name
+
+    @property
+    def min_nodes(self) -> int:
+        return self.rendezvous.min_nodes or self.rendezvous.nodes
+
+    def world_size(self, nproc_per_node: int | None = None) -> int | None:
+        """Ranks in the full job, or None when `nproc_per_node` is "gpu"/"cpu" and not given."""
+        nproc = self.job.nproc_per_node if nproc_per_node is None else nproc_per_node
+        return None if isinstance(nproc, str) else self.rendezvous.nodes * nproc
