@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from nvtrain import __version__
-from nvtrain.cli import schema, validate
+from nvtrain.cli import run, schema, validate
 
 __all__ = ["app", "main"]
 
@@ -34,8 +34,7 @@ def _show_version(value: bool) -> None:
 def _root(
     version: Annotated[
         bool,
-        typer.Option("--version", callback=_show_version, is_eager=True,
-                     help="Print the version and exit."),
+        typer.Option("--version", callback=_show_version, is_eager=True, help="Print the version and exit."),
     ] = False,
 ) -> None:
     """Fault-tolerant launcher for distributed PyTorch training on Kubernetes (built on NVRx).
@@ -45,6 +44,7 @@ def _root(
     """
 
 
+app.command("run", context_settings={"allow_interspersed_args": False})(run.command)
 app.command("validate")(validate.command)
 app.command("schema")(schema.command)
 

@@ -24,8 +24,7 @@ def _count(findings: Sequence[Finding], severity: str) -> str:
 
 
 def summary_line(source: str, findings: Sequence[Finding]) -> str:
-    parts = [_count(findings, s) for s in ("error", "warning") if any(
-        f.severity == s for f in findings)]
+    parts = [_count(findings, s) for s in ("error", "warning") if any(f.severity == s for f in findings)]
     return f"{source}: " + (", ".join(parts) if parts else "no problems")
 
 
@@ -37,8 +36,9 @@ def print_findings(source: str, findings: Sequence[Finding]) -> None:
         if f.line is not None:
             place += f":{f.line}" + (f":{f.column}" if f.column else "")
         value = f" = {f.value}" if f.value is not None else ""
-        err.print(f"  {escape(place)}: [{_STYLE[f.severity]}]{f.severity}[/] "
-                  f"{escape(f.where)}{escape(value)}")
+        err.print(
+            f"  {escape(place)}: [{_STYLE[f.severity]}]{f.severity}[/] {escape(f.where)}{escape(value)}"
+        )
         err.print(f"      {escape(f.rule)}")
         err.print(f"      [dim]fix:[/] {escape(f.fix)}")
 
@@ -50,8 +50,12 @@ def print_settings(title: str, settings: Sequence[Setting]) -> None:
     table.add_column("value")
     table.add_column("from")
     for s in settings:
-        table.add_row(escape(f"[{s.table}]") if s.table else "", s.key, escape(s.value),
-                      "file" if s.from_file else "[dim]default[/]")
+        table.add_row(
+            escape(f"[{s.table}]") if s.table else "",
+            s.key,
+            escape(s.value),
+            "file" if s.from_file else "[dim]default[/]",
+        )
     out.print(table)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -16,18 +16,19 @@ from nvtrain.errors import ExitCode, UsageError
 def command(
     policy: Annotated[
         Path | None,
-        typer.Argument(help="Policy file (TOML). Default: the built-in demo policy.",
-                       show_default=False),
+        typer.Argument(help="Policy file (TOML). Default: the built-in demo policy.", show_default=False),
     ] = None,
     timings: Annotated[
         Path | None,
-        typer.Option("--timings", metavar="FILE",
-                     help="Measured timings (TOML/JSON) to check the timeouts against."),
+        typer.Option(
+            "--timings", metavar="FILE", help="Measured timings (TOML/JSON) to check the timeouts against."
+        ),
     ] = None,
     nvrx: Annotated[
         str | None,
-        typer.Option("--nvrx", metavar="VERSION",
-                     help="NVRx version to check for (default: the installed one)."),
+        typer.Option(
+            "--nvrx", metavar="VERSION", help="NVRx version to check for (default: the installed one)."
+        ),
     ] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when there are warnings.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print findings as JSON.")] = False,
@@ -39,28 +40,34 @@ def command(
     from nvtrain.config.validation import effective_settings, validate_file
     from nvtrain.nvrx import NvrxVersion
 
-    version: NvrxVersion | str = "installed"
+    version: NvrxVersion | Literal["installed"] = "installed"
     if nvrx is not None:
         try:
             version = NvrxVersion.parse(nvrx)
         except ValueError:
-            raise UsageError(f"--nvrx {nvrx!r} is not a version",
-                             "give a version such as 0.4.1 or 0.7.0") from None
-    result = validate_file(policy, nvrx=version, timings_path=timings)  # type: ignore[arg-type]
+            raise UsageError(
+                f"--nvrx {nvrx!r} is not a version", "give a version such as 0.4.1 or 0.7.0"
+            ) from None
+    result = validate_file(policy, nvrx=version, timings_path=timings)
     code = ExitCode.OK
     if result.errors or result.policy is None:
         code = ExitCode.USAGE
     elif strict and result.warnings:
         code = ExitCode.FAILED
     if as_json:
-        typer.echo(json.dumps({
-            "source": result.source,
-            "valid": result.ok,
-            "nvrx": str(result.nvrx) if result.nvrx else None,
-            "errors": len(result.errors),
-            "warnings": len(result.warnings),
-            "findings": [f.to_dict() for f in result.findings],
-        }, indent=2))
+        typer.echo(
+            json.dumps(
+                {
+                    "source": result.source,
+                    "valid": result.ok,
+                    "nvrx": str(result.nvrx) if result.nvrx else None,
+                    "errors": len(result.errors),
+                    "warnings": len(result.warnings),
+                    "findings": [f.to_dict() for f in result.findings],
+                },
+                indent=2,
+            )
+        )
         raise typer.Exit(int(code))
 
     from nvtrain.cli import _console
@@ -69,6 +76,8 @@ def command(
         _console.print_findings(result.source, result.findings)
     if result.policy is not None and not result.errors:
         nvrx_text = f"NVRx {result.nvrx}" if result.nvrx else "NVRx not checked"
-        _console.print_settings(f"{result.source} is valid ({nvrx_text}); effective policy:",
-                                effective_settings(result.policy, result.data))
+        _console.print_settings(
+            f"{result.source} is valid ({nvrx_text}); effective policy:",
+            effective_settings(result.policy, result.data),
+        )
     raise typer.Exit(int(code))

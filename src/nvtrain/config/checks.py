@@ -30,10 +30,11 @@ _LABEL_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # RFC 1035 label (Ser
 Rule = Callable[[Policy], Iterator[Finding]]
 
 
-def _f(severity: Severity, code: str, table: str, key: str | None, value: object,
-       rule: str, fix: str) -> Finding:
-    shown = None if value is None else toml_value(
-        format_duration(value) if isinstance(value, float) else value
+def _f(
+    severity: Severity, code: str, table: str, key: str | None, value: object, rule: str, fix: str
+) -> Finding:
+    shown = (
+        None if value is None else toml_value(format_duration(value) if isinstance(value, float) else value)
     )
     return Finding(severity, code, table, key, rule, fix, shown)
 
@@ -64,49 +65,95 @@ def _job(p: Policy) -> Iterator[Finding]:
     if (job.script is None) == (job.module is None):
         both = job.script is not None
         yield _f(
-            "error", "job-entrypoint", "job", "module" if both else "script",
+            "error",
+            "job-entrypoint",
+            "job",
+            "module" if both else "script",
             job.module if both else None,
             "give exactly one of `script` and `module`" + (" (both are set)" if both else ""),
             'e.g. script = "train.py", or module = "mypkg.train"',
         )
     if isinstance(job.nproc_per_node, int) and job.nproc_per_node < 1:
-        yield _f("error", "nproc", "job", "nproc_per_node", job.nproc_per_node,
-                 "must be >= 1", 'use a positive number, "gpu" or "cpu"')
+        yield _f(
+            "error",
+            "nproc",
+            "job",
+            "nproc_per_node",
+            job.nproc_per_node,
+            "must be >= 1",
+            'use a positive number, "gpu" or "cpu"',
+        )
 
 
 def _names(p: Policy) -> Iterator[Finding]:
     name = p.job.name
     if not _LABEL.match(name) or len(name) > 63:
-        yield _f("error", "dns-name", "job", "name", name,
-                 "must be a DNS label: at most 63 lowercase letters, digits and '-', "
-                 "starting and ending with a letter or digit",
-                 f'e.g. name = "{_suggest_label(name)}"')
+        yield _f(
+            "error",
+            "dns-name",
+            "job",
+            "name",
+            name,
+            "must be a DNS label: at most 63 lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit",
+            f'e.g. name = "{_suggest_label(name)}"',
+        )
     elif len(f"{name}-{p.rendezvous.nodes - 1}") > 63:
-        yield _f("error", "dns-name", "job", "name", name,
-                 f"pod names `{name}-<index>` would be longer than 63 characters",
-                 f"shorten the name to at most {62 - len(str(p.rendezvous.nodes - 1))} characters")
+        yield _f(
+            "error",
+            "dns-name",
+            "job",
+            "name",
+            name,
+            f"pod names `{name}-<index>` would be longer than 63 characters",
+            f"shorten the name to at most {62 - len(str(p.rendezvous.nodes - 1))} characters",
+        )
     service = p.rendezvous.service
     if service is not None and (not _LABEL_1035.match(service) or len(service) > 63):
-        yield _f("error", "dns-name", "rendezvous", "service", service,
-                 "must be a Service name (RFC 1035 label): lowercase letters, digits and '-', "
-                 "starting with a letter, at most 63 characters",
-                 f'e.g. service = "{_suggest_label(service, letter_first=True)}"')
+        yield _f(
+            "error",
+            "dns-name",
+            "rendezvous",
+            "service",
+            service,
+            "must be a Service name (RFC 1035 label): lowercase letters, digits and '-', "
+            "starting with a letter, at most 63 characters",
+            f'e.g. service = "{_suggest_label(service, letter_first=True)}"',
+        )
     if service is None and not _LABEL_1035.match(name):
-        yield _f("error", "dns-name", "rendezvous", "service", None,
-                 f'defaults to the job name "{name}", which is not a valid Service name '
-                 "(it must start with a letter)",
-                 f'set service = "{_suggest_label(name, letter_first=True)}"')
+        yield _f(
+            "error",
+            "dns-name",
+            "rendezvous",
+            "service",
+            None,
+            f'defaults to the job name "{name}", which is not a valid Service name '
+            "(it must start with a letter)",
+            f'set service = "{_suggest_label(name, letter_first=True)}"',
+        )
     namespace = p.rendezvous.namespace
     if not _LABEL.match(namespace) or len(namespace) > 63:
-        yield _f("error", "dns-name", "rendezvous", "namespace", namespace,
-                 "must be a DNS label (lowercase letters, digits, '-'; at most 63)",
-                 f'e.g. namespace = "{_suggest_label(namespace)}"')
+        yield _f(
+            "error",
+            "dns-name",
+            "rendezvous",
+            "namespace",
+            namespace,
+            "must be a DNS label (lowercase letters, digits, '-'; at most 63)",
+            f'e.g. namespace = "{_suggest_label(namespace)}"',
+        )
     domain = p.rendezvous.cluster_domain
     labels = domain.split(".")
     if len(domain) > 253 or not all(_LABEL.match(x) and len(x) <= 63 for x in labels):
-        yield _f("error", "dns-name", "rendezvous", "cluster_domain", domain,
-                 "must be a DNS name: dot-separated labels of lowercase letters, digits, '-'",
-                 'the usual value is "cluster.local"')
+        yield _f(
+            "error",
+            "dns-name",
+            "rendezvous",
+            "cluster_domain",
+            domain,
+            "must be a DNS name: dot-separated labels of lowercase letters, digits, '-'",
+            'the usual value is "cluster.local"',
+        )
 
 
 def _suggest_label(text: str, letter_first: bool = False) -> str:
@@ -119,30 +166,52 @@ def _suggest_label(text: str, letter_first: bool = False) -> str:
 def _sizes(p: Policy) -> Iterator[Finding]:
     r = p.rendezvous
     if r.min_nodes is not None and r.min_nodes > r.nodes:
-        yield _f("error", "min-nodes", "rendezvous", "min_nodes", r.min_nodes,
-                 f"must be <= nodes ({r.nodes})",
-                 f"lower min_nodes to at most {r.nodes}, or raise nodes")
+        yield _f(
+            "error",
+            "min-nodes",
+            "rendezvous",
+            "min_nodes",
+            r.min_nodes,
+            f"must be <= nodes ({r.nodes})",
+            f"lower min_nodes to at most {r.nodes}, or raise nodes",
+        )
     world = p.world_size()
     ip = p.restart.in_process
     if ip.enabled and world is not None and ip.min_world_size > world:
-        yield _f("error", "min-world-size", "restart.in_process", "min_world_size",
-                 ip.min_world_size,
-                 f"must be <= nodes x nproc_per_node = {r.nodes} x {p.job.nproc_per_node} = {world}",
-                 f"use at most {world}")
+        yield _f(
+            "error",
+            "min-world-size",
+            "restart.in_process",
+            "min_world_size",
+            ip.min_world_size,
+            f"must be <= nodes x nproc_per_node = {r.nodes} x {p.job.nproc_per_node} = {world}",
+            f"use at most {world}",
+        )
 
 
 def _heartbeat(p: Policy) -> Iterator[Finding]:
     hb = p.heartbeat
     if hb.initial_timeout < hb.timeout:
-        yield _f("error", "heartbeat-order", "heartbeat", "initial_timeout", hb.initial_timeout,
-                 f"must be >= timeout ({_d(hb.timeout)}): the first heartbeat also waits for "
-                 "start-up and the checkpoint load",
-                 f'raise it to at least "{_d(hb.timeout)}"')
+        yield _f(
+            "error",
+            "heartbeat-order",
+            "heartbeat",
+            "initial_timeout",
+            hb.initial_timeout,
+            f"must be >= timeout ({_d(hb.timeout)}): the first heartbeat also waits for "
+            "start-up and the checkpoint load",
+            f'raise it to at least "{_d(hb.timeout)}"',
+        )
     if hb.monitor_interval >= hb.timeout:
-        yield _f("error", "heartbeat-interval", "heartbeat", "monitor_interval",
-                 hb.monitor_interval,
-                 f"must be shorter than timeout ({_d(hb.timeout)}), or hangs go unnoticed",
-                 f'use at most "{_d(hb.timeout / 10)}"')
+        yield _f(
+            "error",
+            "heartbeat-interval",
+            "heartbeat",
+            "monitor_interval",
+            hb.monitor_interval,
+            f"must be shorter than timeout ({_d(hb.timeout)}), or hangs go unnoticed",
+            f'use at most "{_d(hb.timeout / 10)}"',
+        )
 
 
 def _in_process(p: Policy) -> Iterator[Finding]:
@@ -151,52 +220,102 @@ def _in_process(p: Policy) -> Iterator[Finding]:
         return
     table = "restart.in_process"
     if ip.soft_timeout >= ip.hard_timeout:
-        yield _f("error", "timeout-order", table, "soft_timeout", ip.soft_timeout,
-                 f"must be shorter than hard_timeout ({_d(ip.hard_timeout)})",
-                 f'lower soft_timeout below "{_d(ip.hard_timeout)}" or raise hard_timeout')
+        yield _f(
+            "error",
+            "timeout-order",
+            table,
+            "soft_timeout",
+            ip.soft_timeout,
+            f"must be shorter than hard_timeout ({_d(ip.hard_timeout)})",
+            f'lower soft_timeout below "{_d(ip.hard_timeout)}" or raise hard_timeout',
+        )
     if ip.hard_timeout >= p.heartbeat.timeout:
-        yield _f("error", "timeout-order", table, "hard_timeout", ip.hard_timeout,
-                 f"must be shorter than [heartbeat] timeout ({_d(p.heartbeat.timeout)}), "
-                 "or ft_launcher restarts the workers before the in-process layer acts",
-                 f'lower hard_timeout below "{_d(p.heartbeat.timeout)}" or raise the heartbeat timeout')
+        yield _f(
+            "error",
+            "timeout-order",
+            table,
+            "hard_timeout",
+            ip.hard_timeout,
+            f"must be shorter than [heartbeat] timeout ({_d(p.heartbeat.timeout)}), "
+            "or ft_launcher restarts the workers before the in-process layer acts",
+            f'lower hard_timeout below "{_d(p.heartbeat.timeout)}" or raise the heartbeat timeout',
+        )
     if p.job.collective_timeout <= ip.hard_timeout:
-        yield _f("error", "timeout-order", "job", "collective_timeout", p.job.collective_timeout,
-                 f"must be longer than [restart.in_process] hard_timeout ({_d(ip.hard_timeout)}), "
-                 "or a hung collective fails before the in-process layer can restart it",
-                 f'raise it above "{_d(ip.hard_timeout)}"')
+        yield _f(
+            "error",
+            "timeout-order",
+            "job",
+            "collective_timeout",
+            p.job.collective_timeout,
+            f"must be longer than [restart.in_process] hard_timeout ({_d(ip.hard_timeout)}), "
+            "or a hung collective fails before the in-process layer can restart it",
+            f'raise it above "{_d(ip.hard_timeout)}"',
+        )
 
 
 def _recovery(p: Policy) -> Iterator[Finding]:
     r = p.restart
     if not r.in_process.enabled and r.in_job.max_restarts == 0:
-        yield _f("warning", "no-recovery", "restart.in_job", "max_restarts", 0,
-                 "in-process restart is off and in-job restarts are 0: every fault ends the job",
-                 "allow a few restarts, e.g. max_restarts = 3")
-    if not r.in_process.enabled and r.in_job.max_restarts > 0 and (
-        r.escalate_after > r.in_job.max_restarts + 1
+        yield _f(
+            "warning",
+            "no-recovery",
+            "restart.in_job",
+            "max_restarts",
+            0,
+            "in-process restart is off and in-job restarts are 0: every fault ends the job",
+            "allow a few restarts, e.g. max_restarts = 3",
+        )
+    if (
+        not r.in_process.enabled
+        and r.in_job.max_restarts > 0
+        and (r.escalate_after > r.in_job.max_restarts + 1)
     ):
-        yield _f("warning", "no-effect", "restart", "escalate_after", r.escalate_after,
-                 f"has no effect: the in-job budget ({r.in_job.max_restarts} restarts) ends the "
-                 "job before the same fault can repeat this often",
-                 f"use at most {r.in_job.max_restarts + 1}, or raise [restart.in_job] max_restarts")
+        yield _f(
+            "warning",
+            "no-effect",
+            "restart",
+            "escalate_after",
+            r.escalate_after,
+            f"has no effect: the in-job budget ({r.in_job.max_restarts} restarts) ends the "
+            "job before the same fault can repeat this often",
+            f"use at most {r.in_job.max_restarts + 1}, or raise [restart.in_job] max_restarts",
+        )
 
 
 def _checkpoint(p: Policy) -> Iterator[Finding]:
     c = p.checkpoint
     if not c.dir.startswith("/"):
-        yield _f("error", "checkpoint-dir", "checkpoint", "dir", c.dir,
-                 "must be an absolute path (workers may start in another directory)",
-                 f'e.g. dir = "/checkpoints/{p.job.name}"')
+        yield _f(
+            "error",
+            "checkpoint-dir",
+            "checkpoint",
+            "dir",
+            c.dir,
+            "must be an absolute path (workers may start in another directory)",
+            f'e.g. dir = "/checkpoints/{p.job.name}"',
+        )
     if c.async_ and c.keep < 2:
-        yield _f("error", "checkpoint-keep", "checkpoint", "keep", c.keep,
-                 "must be >= 2 with async saves: the last complete checkpoint must survive "
-                 "while the next one is written",
-                 "use keep = 2 or more, or async = false")
+        yield _f(
+            "error",
+            "checkpoint-keep",
+            "checkpoint",
+            "keep",
+            c.keep,
+            "must be >= 2 with async saves: the last complete checkpoint must survive "
+            "while the next one is written",
+            "use keep = 2 or more, or async = false",
+        )
     steps = p.job.max_steps
     if steps is not None and c.interval > steps:
-        yield _f("warning", "checkpoint-never", "checkpoint", "interval", c.interval,
-                 f"is longer than the run ([job] max_steps = {steps}): no checkpoint is written",
-                 f"use an interval below {steps}")
+        yield _f(
+            "warning",
+            "checkpoint-never",
+            "checkpoint",
+            "interval",
+            c.interval,
+            f"is longer than the run ([job] max_steps = {steps}): no checkpoint is written",
+            f"use an interval below {steps}",
+        )
 
 
 def _faults(p: Policy) -> Iterator[Finding]:
@@ -205,57 +324,116 @@ def _faults(p: Policy) -> Iterator[Finding]:
     for i, fault in enumerate(p.faults):
         table = f"faults.{i}"
         if world is None:
-            yield _f("info", "fault-rank-unchecked", table, "rank", fault.rank,
-                     f'cannot be checked: nproc_per_node = "{p.job.nproc_per_node}" is only '
-                     "known on the node",
-                     "set nproc_per_node to a number to have fault ranks checked")
+            yield _f(
+                "info",
+                "fault-rank-unchecked",
+                table,
+                "rank",
+                fault.rank,
+                f'cannot be checked: nproc_per_node = "{p.job.nproc_per_node}" is only known on the node',
+                "set nproc_per_node to a number to have fault ranks checked",
+            )
         elif fault.rank >= world:
-            yield _f("error", "fault-rank", table, "rank", fault.rank,
-                     f"no such rank: the job has ranks 0..{world - 1} "
-                     f"({p.rendezvous.nodes} nodes x {p.job.nproc_per_node})",
-                     f"use a rank below {world}")
+            yield _f(
+                "error",
+                "fault-rank",
+                table,
+                "rank",
+                fault.rank,
+                f"no such rank: the job has ranks 0..{world - 1} "
+                f"({p.rendezvous.nodes} nodes x {p.job.nproc_per_node})",
+                f"use a rank below {world}",
+            )
         if p.job.max_steps is not None and fault.step > p.job.max_steps:
-            yield _f("error", "fault-step", table, "step", fault.step,
-                     f"is after the end of the run ([job] max_steps = {p.job.max_steps})",
-                     f"use a step <= {p.job.max_steps}")
+            yield _f(
+                "error",
+                "fault-step",
+                table,
+                "step",
+                fault.step,
+                f"is after the end of the run ([job] max_steps = {p.job.max_steps})",
+                f"use a step <= {p.job.max_steps}",
+            )
         if (fault.step, fault.rank) in seen:
-            yield _f("warning", "fault-duplicate", table, "step", fault.step,
-                     f"another fault already fires at step {fault.step} on rank {fault.rank}; "
-                     "only the first one happens",
-                     "move it to another step or rank, or remove it")
+            yield _f(
+                "warning",
+                "fault-duplicate",
+                table,
+                "step",
+                fault.step,
+                f"another fault already fires at step {fault.step} on rank {fault.rank}; "
+                "only the first one happens",
+                "move it to another step or rank, or remove it",
+            )
         seen.add((fault.step, fault.rank))
 
 
 _RULES: tuple[Rule, ...] = (
-    _job, _names, _sizes, _heartbeat, _in_process, _recovery, _checkpoint, _faults,
+    _job,
+    _names,
+    _sizes,
+    _heartbeat,
+    _in_process,
+    _recovery,
+    _checkpoint,
+    _faults,
 )
 
 
 def _nvrx_rules(p: Policy, v: NvrxVersion) -> Iterator[Finding]:
     if not v.tested:
-        yield _f("warning", "nvrx-untested", "", None, None,
-                 f"NVRx {v} is not a version nvtrain is tested with (0.4, 0.6, 0.7)",
-                 "install nvidia-resiliency-ext 0.4.1, 0.6.x or 0.7.x, or pass --nvrx")
+        yield _f(
+            "warning",
+            "nvrx-untested",
+            "",
+            None,
+            None,
+            f"NVRx {v} is not a version nvtrain is tested with (0.4, 0.6, 0.7)",
+            "install nvidia-resiliency-ext 0.4.1, 0.6.x or 0.7.x, or pass --nvrx",
+        )
     policy = p.restart.in_job.policy
     if policy == "min-healthy" and not v.supports_min_healthy:
-        yield _f("error", "nvrx-option", "restart.in_job", "policy", policy,
-                 f"NVRx {v} has no min-healthy restart policy (removed in 0.6)",
-                 'use policy = "any-failed"')
+        yield _f(
+            "error",
+            "nvrx-option",
+            "restart.in_job",
+            "policy",
+            policy,
+            f"NVRx {v} has no min-healthy restart policy (removed in 0.6)",
+            'use policy = "any-failed"',
+        )
     if p.restart.in_process.enabled and v.inprocess_deprecated:
-        yield _f("info", "nvrx-inprocess", "restart.in_process", "enabled", True,
-                 f"in-process restart is deprecated in NVRx {v.line}; it still handles faults "
-                 "that kill no process (exceptions, detected hangs)",
-                 "keep it for fast recovery from soft faults, or set enabled = false")
+        yield _f(
+            "info",
+            "nvrx-inprocess",
+            "restart.in_process",
+            "enabled",
+            True,
+            f"in-process restart is deprecated in NVRx {v.line}; it still handles faults "
+            "that kill no process (exceptions, detected hangs)",
+            "keep it for fast recovery from soft faults, or set enabled = false",
+        )
     r = p.rendezvous
     if r.min_nodes is not None and r.min_nodes < r.nodes:
         if v.barrier_rendezvous:
-            rule = (f"with NVRx {v.line} the job trains on a fixed {r.min_nodes} nodes; the other "
-                    f"{r.nodes - r.min_nodes} wait as hot spares and replace failed nodes")
+            rule = (
+                f"with NVRx {v.line} the job trains on a fixed {r.min_nodes} nodes; the other "
+                f"{r.nodes - r.min_nodes} wait as hot spares and replace failed nodes"
+            )
         else:
-            rule = (f"with NVRx {v.line} the job starts on {r.nodes} nodes and shrinks, down "
-                    f"to {r.min_nodes}, when nodes are lost")
-        yield _f("info", "nvrx-elastic", "rendezvous", "min_nodes", r.min_nodes, rule,
-                 "set min_nodes = nodes for a fixed-size job")
+            rule = (
+                f"with NVRx {v.line} the job starts on {r.nodes} nodes and shrinks, down "
+                f"to {r.min_nodes}, when nodes are lost"
+            )
+        yield _f(
+            "info",
+            "nvrx-elastic",
+            "rendezvous",
+            "min_nodes",
+            r.min_nodes,
+            rule,
+            "set min_nodes = nodes for a fixed-size job",
+        )
 
 
 def _timing_rules(p: Policy, t: Timings) -> Iterator[Finding]:
@@ -264,33 +442,59 @@ def _timing_rules(p: Policy, t: Timings) -> Iterator[Finding]:
         gap = t.step.worst
         for table, key, limit in (
             ("heartbeat", "timeout", hb.timeout),
-            ("restart.in_process", "soft_timeout",
-             p.restart.in_process.soft_timeout if p.restart.in_process.enabled else None),
+            (
+                "restart.in_process",
+                "soft_timeout",
+                p.restart.in_process.soft_timeout if p.restart.in_process.enabled else None,
+            ),
         ):
             if limit is None:
                 continue
             if limit <= gap:
-                yield _f("error", "timeout-measured", table, key, limit,
-                         f"is not longer than the longest measured step ({_d(gap)}): "
-                         "healthy workers would be taken for hung",
-                         f'raise it to at least "{_d(gap * MARGIN * 2)}"')
+                yield _f(
+                    "error",
+                    "timeout-measured",
+                    table,
+                    key,
+                    limit,
+                    f"is not longer than the longest measured step ({_d(gap)}): "
+                    "healthy workers would be taken for hung",
+                    f'raise it to at least "{_d(gap * MARGIN * 2)}"',
+                )
             elif limit < gap * MARGIN:
-                yield _f("warning", "timeout-margin", table, key, limit,
-                         f"leaves less than {MARGIN}x margin over the longest measured step "
-                         f"({_d(gap)})",
-                         f'raise it to at least "{_d(gap * MARGIN)}"')
+                yield _f(
+                    "warning",
+                    "timeout-margin",
+                    table,
+                    key,
+                    limit,
+                    f"leaves less than {MARGIN}x margin over the longest measured step ({_d(gap)})",
+                    f'raise it to at least "{_d(gap * MARGIN)}"',
+                )
     startup = sum(m.worst for m in (t.restore, t.step) if m is not None)
     if t.restore is not None and hb.initial_timeout < startup * MARGIN:
-        yield _f("warning", "timeout-margin", "heartbeat", "initial_timeout", hb.initial_timeout,
-                 f"leaves less than {MARGIN}x margin over the measured checkpoint load and first "
-                 f"step ({_d(startup)})",
-                 f'raise it to at least "{_d(startup * MARGIN)}"')
+        yield _f(
+            "warning",
+            "timeout-margin",
+            "heartbeat",
+            "initial_timeout",
+            hb.initial_timeout,
+            f"leaves less than {MARGIN}x margin over the measured checkpoint load and first "
+            f"step ({_d(startup)})",
+            f'raise it to at least "{_d(startup * MARGIN)}"',
+        )
     c = p.checkpoint
     if c.async_ and t.step is not None and t.save_write is not None:
         between = c.interval * t.step.median
         if between < t.save_write.median:
             need = -(-t.save_write.median * MARGIN // t.step.median)
-            yield _f("warning", "write-bound", "checkpoint", "interval", c.interval,
-                     f"{c.interval} steps take about {_d(between)}, less than one background write "
-                     f"({_d(t.save_write.median)}): each save waits for the previous write",
-                     f"use interval >= {int(need)}, or faster storage")
+            yield _f(
+                "warning",
+                "write-bound",
+                "checkpoint",
+                "interval",
+                c.interval,
+                f"{c.interval} steps take about {_d(between)}, less than one background write "
+                f"({_d(t.save_write.median)}): each save waits for the previous write",
+                f"use interval >= {int(need)}, or faster storage",
+            )

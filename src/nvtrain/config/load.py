@@ -64,10 +64,14 @@ def parse_model(raw: bytes | str, source: str, model: type[M]) -> Parsed[M]:
         except UnicodeDecodeError as exc:
             line = raw[: exc.start].count(b"\n") + 1
             finding = Finding(
-                "error", "not-utf8", "", None,
+                "error",
+                "not-utf8",
+                "",
+                None,
                 f"is not UTF-8 text (byte {exc.start} is {raw[exc.start]:#04x})",
                 "save the file as UTF-8 (TOML files must be UTF-8)",
-                file=source, line=line,
+                file=source,
+                line=line,
             )
             return Parsed(source, None, [finding], {}, {})
     else:
@@ -79,9 +83,7 @@ def parse_model(raw: bytes | str, source: str, model: type[M]) -> Parsed[M]:
     return validate_data(data, source, model, key_positions(text))
 
 
-def validate_data(
-    data: dict[str, Any], source: str, model: type[M], positions: Positions
-) -> Parsed[M]:
+def validate_data(data: dict[str, Any], source: str, model: type[M], positions: Positions) -> Parsed[M]:
     """Validate already-parsed ``data`` as ``model``; never raises for bad input."""
     try:
         return Parsed(source, model.model_validate(data), [], positions, data)
@@ -90,9 +92,7 @@ def validate_data(
         return Parsed(source, None, attach_positions(findings, source, positions), positions, data)
 
 
-def attach_positions(
-    findings: Iterable[Finding], source: str, positions: Positions
-) -> list[Finding]:
+def attach_positions(findings: Iterable[Finding], source: str, positions: Positions) -> list[Finding]:
     """Fill in file, line and column, and sort by position."""
     placed = []
     for f in findings:
@@ -101,9 +101,7 @@ def attach_positions(
             path.append(f.key)
         pos = lookup(positions, path)
         placed.append(
-            dataclasses.replace(
-                f, file=source, line=pos[0] if pos else None, column=pos[1] if pos else None
-            )
+            dataclasses.replace(f, file=source, line=pos[0] if pos else None, column=pos[1] if pos else None)
         )
     return sorted(placed, key=Finding.sort_key)
 
@@ -113,7 +111,10 @@ def _syntax_finding(exc: tomllib.TOMLDecodeError, source: str) -> Finding:
     where = re.search(r"\(at line (\d+), column (\d+)\)", message)
     rule = re.sub(r"\s*\(at (line \d+, column \d+|end of document)\)", "", message)
     return Finding(
-        "error", "toml-syntax", "", None,
+        "error",
+        "toml-syntax",
+        "",
+        None,
         f"TOML syntax error: {rule[:1].lower()}{rule[1:]}",
         "fix the syntax at the position shown (strings need quotes; tables are [name])",
         file=source,
@@ -181,9 +182,7 @@ def _key_names(model: type[BaseModel]) -> list[str]:
 def _default_example(model: type[BaseModel] | None, key: str) -> str | None:
     if model is None:
         return None
-    info = next(
-        (f for n, f in model.model_fields.items() if key in (n, f.alias)), None
-    )
+    info = next((f for n, f in model.model_fields.items() if key in (n, f.alias)), None)
     if info is None:
         return _EXAMPLES.get(key)
     if info.default_factory is not None or info.is_required():
@@ -242,8 +241,9 @@ def _finding_for(err: ErrorDetails, data: Any, model: type[BaseModel]) -> Findin
         rule = f"must be one of {expected}"
         fix = f"use one of {expected}"
     elif kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
-        op = {"greater_than_equal": ">=", "greater_than": ">",
-              "less_than_equal": "<=", "less_than": "<"}[kind]
+        op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}[
+            kind
+        ]
         bound = next(iter(ctx.values()), "")
         rule = f"must be {op} {bound}"
         fix = f"use a value {op} {bound}" + (f" ({_example_label(parent, key)}{example})" if example else "")
@@ -272,7 +272,8 @@ def _merge(findings: Iterable[Finding]) -> list[Finding]:
             merged[(f.table, f.key)] = f
         elif f.rule not in seen.rule:
             merged[(f.table, f.key)] = dataclasses.replace(
-                seen, rule=f"{seen.rule}, or {f.rule.removeprefix('must be ')}",
+                seen,
+                rule=f"{seen.rule}, or {f.rule.removeprefix('must be ')}",
                 fix=f"{seen.fix}; or {f.fix}" if f.fix != seen.fix else seen.fix,
             )
     return list(merged.values())

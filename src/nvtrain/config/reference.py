@@ -45,12 +45,11 @@ def _annotation_name(annotation: Any) -> str:
     if origin is typing.Literal:
         return " \\| ".join(f'`"{a}"`' for a in args)
     if origin in (typing.Union, types.UnionType):
-        names = [_annotation_name(a) for a in args if a is not type(None)]
-        return " \\| ".join(names)
+        return " \\| ".join(_annotation_name(a) for a in args if a is not type(None))
     if origin is list:
         return f"array of {_annotation_name(args[0])}"
-    names = {int: "integer", float: "number", str: "string", bool: "boolean"}
-    return names.get(annotation, getattr(annotation, "__name__", str(annotation)))
+    simple = {int: "integer", float: "number", str: "string", bool: "boolean"}
+    return simple.get(annotation) or str(getattr(annotation, "__name__", annotation))
 
 
 def _default(info: FieldInfo) -> str:
@@ -94,8 +93,11 @@ def key_reference() -> str:
     for name, model in tables[1:]:
         header = f"[[{name}]]" if name == "faults" else f"[{name}]"
         lines += [f"### `{header}`", "", (model.__doc__ or "").strip(), ""]
-        rows = [(info.alias or key, info) for key, info in model.model_fields.items()
-                if _model_of(info.annotation) is None]
+        rows = [
+            (info.alias or key, info)
+            for key, info in model.model_fields.items()
+            if _model_of(info.annotation) is None
+        ]
         if not rows:
             continue
         lines += ["| key | type | default | meaning |", "|---|---|---|---|"]

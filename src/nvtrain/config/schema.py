@@ -65,6 +65,11 @@ class Job(BaseModel):
     """Training steps the script runs, if known. Lets `validate` check fault steps and the
     checkpoint interval against the length of the run. Unit: steps."""
 
+    stop_timeout: Duration = 60.0
+    """After SIGTERM (pod deletion, preemption), how long the workers get to finish, e.g. the
+    checkpoint in flight, before they are killed. The pod's `terminationGracePeriodSeconds` must
+    be longer."""
+
     collective_timeout: Duration = 600.0
     """Timeout of the workers' collectives (the `torch.distributed` process-group timeout). A hung
     collective is noticed after this long at the latest; it must exceed the in-process hard

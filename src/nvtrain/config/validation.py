@@ -22,8 +22,7 @@ from nvtrain.errors import ConfigError
 from nvtrain.nvrx import NvrxVersion, installed_nvrx
 from nvtrain.templates import DEMO_POLICY_SOURCE, demo_policy_text
 
-__all__ = ["Setting", "Validation", "effective_settings", "load_policy", "validate_file",
-           "validate_source"]
+__all__ = ["Setting", "Validation", "effective_settings", "load_policy", "validate_file", "validate_source"]
 
 NvrxChoice = NvrxVersion | Literal["installed"] | None
 
@@ -59,8 +58,7 @@ def validate_file(
 ) -> Validation:
     """Validate the policy at ``path`` (the built-in demo policy when None)."""
     if path is None:
-        return validate_source(demo_policy_text(), DEMO_POLICY_SOURCE, nvrx=nvrx,
-                               timings_path=timings_path)
+        return validate_source(demo_policy_text(), DEMO_POLICY_SOURCE, nvrx=nvrx, timings_path=timings_path)
     raw, problem = read_source(path)
     if raw is None:
         assert problem is not None
@@ -82,11 +80,17 @@ def validate_source(
     if nvrx == "installed":
         version = installed_nvrx()
         if version is None:
-            findings.append(Finding(
-                "info", "nvrx-missing", "", None,
-                "NVRx is not installed here, so version-specific checks were skipped",
-                "pass --nvrx with the version in your training image, e.g. --nvrx 0.7.0",
-                file=source))
+            findings.append(
+                Finding(
+                    "info",
+                    "nvrx-missing",
+                    "",
+                    None,
+                    "NVRx is not installed here, so version-specific checks were skipped",
+                    "pass --nvrx with the version in your training image, e.g. --nvrx 0.7.0",
+                    file=source,
+                )
+            )
     else:
         version = nvrx
     timings = None
@@ -99,8 +103,7 @@ def validate_source(
     model = parsed.model if parsed.model is not None else _salvage(parsed.data, parsed.findings)
     if model is not None:
         bad = {(f.table, f.key) for f in parsed.findings}
-        found = [f for f in check(model, nvrx=version, timings=timings)
-                 if (f.table, f.key) not in bad]
+        found = [f for f in check(model, nvrx=version, timings=timings) if (f.table, f.key) not in bad]
         findings.extend(attach_positions(found, source, parsed.positions))
         findings.sort(key=Finding.sort_key)
     return Validation(source, parsed.model, findings, version, parsed.data)
@@ -115,8 +118,11 @@ def _salvage(data: dict[str, Any], problems: list[Finding]) -> Policy | None:
     for f in problems:
         node: Any = trimmed
         for part in [p for p in f.table.split(".") if p]:
-            node = node[int(part)] if isinstance(node, list) and part.isdigit() else (
-                node.get(part) if isinstance(node, dict) else None)
+            node = (
+                node[int(part)]
+                if isinstance(node, list) and part.isdigit()
+                else (node.get(part) if isinstance(node, dict) else None)
+            )
         if f.key is None:
             return None
         if isinstance(node, dict):

@@ -97,15 +97,25 @@ def _parse_json(raw: bytes, source: str) -> Parsed[Timings]:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         line = getattr(exc, "lineno", None)
         finding = Finding(
-            "error", "json-syntax", "", None, f"is not valid JSON ({exc})",
-            "write a JSON object whose keys are the measures, e.g. {\"step\": \"1.2s\"}",
-            file=source, line=line,
+            "error",
+            "json-syntax",
+            "",
+            None,
+            f"is not valid JSON ({exc})",
+            'write a JSON object whose keys are the measures, e.g. {"step": "1.2s"}',
+            file=source,
+            line=line,
         )
         return Parsed(source, None, [finding], {}, {})
     if not isinstance(data, dict):
         finding = Finding(
-            "error", "json-syntax", "", None, "must be a JSON object",
-            'write e.g. {"step": "1.2s"}', file=source,
+            "error",
+            "json-syntax",
+            "",
+            None,
+            "must be a JSON object",
+            'write e.g. {"step": "1.2s"}',
+            file=source,
         )
         return Parsed(source, None, [finding], {}, {})
     return validate_data(data, source, Timings, {})

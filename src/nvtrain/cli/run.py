@@ -1,0 +1,48 @@
+"""``nvtrain run``: the pod entrypoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from nvtrain.cli._errors import exit_on_error
+
+
+@exit_on_error
+def command(
+    policy: Annotated[
+        Path | None,
+        typer.Argument(help="Policy file (TOML). Default: the built-in CPU demo job.", show_default=False),
+    ] = None,
+    script_args: Annotated[
+        list[str] | None,
+        typer.Argument(help="Extra arguments for the training script (after --).", show_default=False),
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the ft_launcher plan and exit.")] = False,
+    run_id: Annotated[
+        str | None,
+        typer.Option(
+            "--run-id", metavar="ID", help="Run id (default: NVTRAIN_RUN_ID, or new for a one-node job)."
+        ),
+    ] = None,
+) -> None:
+    """Run the training job of POLICY on this node under ft_launcher, supervised.
+
+    Exit 0 finished; 1 failed with the restart budget spent; 2 invalid policy or usage; 3 peers
+    not found in time; 4 the same fault repeats; 128+N stopped by signal N.
+    """
+    from nvtrain.config.validation import load_policy
+    from nvtrain.launcher.identity import identify
+    from nvtrain.launcher.supervisor import prepare, supervise
+
+    loaded = load_policy(policy)
+    identity = identify(loaded, run_id=run_id)
+    plan, _, events_path = prepare(loaded, identity, extra_args=tuple(script_args or ()))
+    if dry_run:
+        typer.echo(json.dumps(plan.to_dict(), indent=2))
+        return
+    outcome = supervise(plan, loaded, identity, events_path)
+    raise typer.Exit(outcome.exit_code)

@@ -1,0 +1,71 @@
+"""Stable DNS names of the job's pods (headless Service) and waiting for them to resolve."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+
+from nvtrain.config.schema import Policy
+from nvtrain.errors import ExitCode, NvtrainError
+
+__all__ = ["DnsTimeout", "Resolver", "pod_name", "resolve", "wait_until_resolvable"]
+
+Resolver = Callable[[str], list[str]]
+
+
+class DnsTimeout(NvtrainError):
+    """A peer's DNS name did not resolve before ``rendezvous.dns_timeout`` (exit 3)."""
+
+    exit_code = ExitCode.RENDEZVOUS
+
+    def __init__(self, name: str, waited: float, last_error: str) -> None:
+        self.name = name
+        self.waited = waited
+        super().__init__(
+            f"{name} did not resolve within {waited:.0f}s ({last_error}). Likely causes: the "
+            "headless Service is missing or named differently from [rendezvous] service; the "
+            "pod spec lacks `subdomain: <service>`; the Service does not set "
+            "`publishNotReadyAddresses: true`; or pod 0 is not running"
+        )
+
+
+def pod_name(policy: Policy, index: int) -> str:
+    """``<job>-<index>.<service>.<namespace>.svc.<cluster domain>``."""
+    r = policy.rendezvous
+    return f"{policy.job.name}-{index}.{policy.service}.{r.namespace}.svc.{r.cluster_domain}"
+
+
+def resolve(name: str) -> list[str]:
+    """IPv4/IPv6 addresses of ``name`` (no cache of ours: asked again on every call)."""
+    infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+    return sorted({str(info[4][0]) for info in infos})
+
+
+def wait_until_resolvable(
+    name: str,
+    timeout: float,
+    *,
+    resolver: Resolver = resolve,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    on_retry: Callable[[float, str], None] | None = None,
+) -> list[str]:
+    """Resolve ``name``, retrying with backoff (0.5 s doubling to 5 s) until ``timeout``."""
+    start = clock()
+    delay = 0.5
+    while True:
+        try:
+            addresses = resolver(name)
+            if addresses:
+                return addresses
+            error = "no addresses"
+        except OSError as exc:
+            error = exc.strerror or str(exc)
+        waited = clock() - start
+        if waited >= timeout:
+            raise DnsTimeout(name, waited, error)
+        if on_retry is not None:
+            on_retry(waited, error)
+        sleep(min(delay, max(timeout - waited, 0.0)))
+        delay = min(delay * 2, 5.0)

@@ -1,0 +1,51 @@
+"""Reads ft_launcher's log lines and turns the ones nvtrain acts on into events."""
+
+from __future__ import annotations
+
+import re
+import signal
+from typing import Any
+
+__all__ = ["parse_line", "signal_name"]
+
+_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+_RESTART = re.compile(r"Worker group UNHEALTHY\. (\d+)/(\d+) attempts left")
+_JOINED = re.compile(r"joined round (\d+) of the rendezvous '([^']*)' as rank (\d+) in a world of size (\d+)")
+
+
+def signal_name(exit_code: int) -> str | None:
+    """``-9`` -> ``"SIGKILL"`` (negative codes are deaths by signal); None otherwise."""
+    if exit_code >= 0:
+        return None
+    try:
+        return signal.Signals(-exit_code).name
+    except ValueError:
+        return f"signal {-exit_code}"
+
+
+def parse_line(line: str) -> tuple[str, dict[str, Any]] | None:
+    """``(event, fields)`` for a line nvtrain cares about, else None."""
+    match = _FAILED.search(line)
+    if match:
+        code = int(match.group(1))
+        return "worker_failed", {
+            "local_rank": int(match.group(2)),
+            "worker_pid": int(match.group(3)),
+            "exit_code": code,
+            "signal": signal_name(code),
+        }
+    match = _RESTART.search(line)
+    if match:
+        return "restart_begin", {
+            "layer": "in_job",
+            "attempts_left": int(match.group(1)),
+            "max_restarts": int(match.group(2)),
+        }
+    match = _JOINED.search(line)
+    if match:
+        return "rendezvous_done", {
+            "round": int(match.group(1)),
+            "group_rank": int(match.group(3)),
+            "nodes": int(match.group(4)),
+        }
+    return None

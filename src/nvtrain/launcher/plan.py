@@ -1,0 +1,115 @@
+"""The launch plan: ft_launcher's argv and environment, built from the policy by one pure function.
+
+``nvtrain run --dry-run`` prints it. Version differences live here and in ``nvtrain.nvrx``:
+NVRx 0.4 takes ``--ft-restart-policy`` and watches NICs unless told not to; 0.6+ has no restart
+policy option, checks NIC link state and reclaims GPU memory before a restart unless told not to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shlex
+
+from nvtrain.config.schema import Policy
+from nvtrain.launcher.dns import pod_name
+from nvtrain.launcher.identity import Identity
+from nvtrain.nvrx import NvrxVersion
+
+__all__ = ["LAUNCHER_MODULE", "LaunchPlan", "build_plan"]
+
+LAUNCHER_MODULE = "nvidia_resiliency_ext.fault_tolerance.launcher"
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    """Everything needed to start ft_launcher on this node; printed by ``--dry-run``."""
+
+    argv: list[str]
+    env: dict[str, str]
+    endpoint: str
+    is_host: bool
+    wait_for: str | None
+    """DNS name that must resolve before the launch (pod 0's name); None when standalone."""
+    stop_timeout: float
+    """Seconds between forwarding SIGTERM and killing what is left."""
+
+    def shell(self) -> str:
+        """The plan as one shell command line (environment first)."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return f"{env} {shlex.join(self.argv)}".strip()
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+def _seconds(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def build_plan(
+    policy: Policy,
+    identity: Identity,
+    nvrx: NvrxVersion,
+    *,
+    python: str,
+    policy_path: str,
+    events_path: str,
+    extra_args: tuple[str, ...] = (),
+) -> LaunchPlan:
+    """ft_launcher's command line and extra environment for this node."""
+    r, hb, job = policy.rendezvous, policy.heartbeat, policy.job
+    if identity.standalone:
+        host, wait_for = "127.0.0.1", None
+    else:
+        host = wait_for = pod_name(policy, 0)
+    is_host = identity.node_rank == 0
+    endpoint = f"{host}:{r.port}"
+    rdzv_conf = [f"is_host={int(is_host)}", f"join_timeout={math.ceil(r.join_timeout)}"]
+    if nvrx.barrier_rendezvous:
+        rdzv_conf.append(f"store_connect_wait_seconds={math.ceil(r.join_timeout)}")
+    argv = [
+        python,
+        "-m",
+        LAUNCHER_MODULE,
+        f"--nnodes={policy.min_nodes}:{r.nodes}",
+        f"--nproc-per-node={job.nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={identity.run_id}",
+        f"--rdzv-conf={','.join(rdzv_conf)}",
+        f"--max-restarts={policy.restart.in_job.max_restarts}",
+        f"--monitor-interval={_seconds(min(hb.monitor_interval, 1.0))}",
+        f"--term-timeout={_seconds(job.stop_timeout)}",
+        f"--workers-stop-timeout={_seconds(min(job.stop_timeout, 15.0))}",
+    ]
+    if identity.address:
+        argv.append(f"--local-addr={identity.address}")
+    argv += [
+        f"--ft-initial-rank-heartbeat-timeout={_seconds(hb.initial_timeout)}",
+        f"--ft-rank-heartbeat-timeout={_seconds(hb.timeout)}",
+        f"--ft-workload-check-interval={_seconds(hb.monitor_interval)}",
+    ]
+    if nvrx.supports_min_healthy:
+        argv.append(f"--ft-restart-policy={policy.restart.in_job.policy}")
+        if not identity.has_infiniband:
+            argv.append("--ft-enable-nic-monitor=false")
+    else:
+        if not identity.has_infiniband:
+            argv.append("--ft-enable-nic-healthcheck=false")
+        if not identity.has_gpu:
+            argv.append("--ft-gpu-memory-reclaim-timeout=0")
+    if job.module is not None:
+        argv += ["-m", job.module]
+    else:
+        assert job.script is not None  # guaranteed by validation
+        argv.append(job.script)
+    argv += [*job.args, *extra_args]
+    env = {
+        "NVTRAIN_POLICY": policy_path,
+        "NVTRAIN_RUN_ID": identity.run_id,
+        "NVTRAIN_EVENTS": events_path,
+        "NVTRAIN_NODE_RANK": str(identity.node_rank),
+        "GROUP_RANK": str(identity.node_rank),
+    }
+    return LaunchPlan(argv, env, endpoint, is_host, wait_for, job.stop_timeout)
