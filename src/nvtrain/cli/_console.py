@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -63,3 +67,48 @@ def print_error(exc: NvtrainError) -> None:
     err.print(f"[bold red]nvtrain: error:[/] {escape(str(exc))}")
     if isinstance(exc, UsageError) and exc.fix:
         err.print(f"  [dim]fix:[/] {escape(exc.fix)}")
+
+
+_QUIET = {"launcher_started"}
+
+
+def event_reporter() -> Callable[[str, dict[str, Any]], None]:
+    """Prints the supervisor's events: styled on a terminal, logfmt lines in pod logs."""
+    if err.is_terminal:
+        return _styled_event
+    return _plain_event
+
+
+def _plain_event(event: str, fields: dict[str, Any]) -> None:
+    if event in _QUIET:
+        return
+    parts = [f"event={event}"]
+    for key, value in fields.items():
+        if key == "argv":
+            continue
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        if isinstance(value, str) and (" " in text or '"' in text or not text):
+            text = json.dumps(text)
+        parts.append(f"{key}={text}")
+    print(f"nvtrain: {time.strftime('%H:%M:%S')} " + " ".join(parts), file=sys.stderr, flush=True)
+
+
+_EVENT_STYLE = {
+    "worker_failed": "bold red",
+    "launcher_exit": "bold",
+    "restart_begin": "yellow",
+    "relaunch": "yellow",
+    "signal": "yellow",
+    "dns_wait": "dim",
+}
+
+
+def _styled_event(event: str, fields: dict[str, Any]) -> None:
+    if event in _QUIET:
+        return
+    if event == "launcher_exit":
+        style = "bold green" if fields.get("exit_code") == 0 else "bold red"
+        err.print(f"[{style}]nvtrain:[/] {escape(str(fields.get('cause', '')))}")
+        return
+    details = ", ".join(f"{k}={v}" for k, v in fields.items() if k != "argv")
+    err.print(f"[{_EVENT_STYLE.get(event, 'cyan')}]nvtrain: {event}[/] {escape(details)}")

@@ -21,18 +21,20 @@ def command(
         list[str] | None,
         typer.Argument(help="Extra arguments for the training script (after --).", show_default=False),
     ] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the ft_launcher plan and exit.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the ft_launcher plan as JSON and exit.")
+    ] = False,
     run_id: Annotated[
         str | None,
         typer.Option(
-            "--run-id", metavar="ID", help="Run id (default: NVTRAIN_RUN_ID, or new for a one-node job)."
+            "--run-id", metavar="ID", help="Run id (default: NVTRAIN_RUN_ID; a new one for a one-node job)."
         ),
     ] = None,
 ) -> None:
     """Run the training job of POLICY on this node under ft_launcher, supervised.
 
     Exit 0 finished; 1 failed with the restart budget spent; 2 invalid policy or usage; 3 peers
-    not found in time; 4 the same fault repeats; 128+N stopped by signal N.
+    not found in time; 4 the same fault repeats without progress; 128+N stopped by signal N.
     """
     from nvtrain.config.validation import load_policy
     from nvtrain.launcher.identity import identify
@@ -40,9 +42,14 @@ def command(
 
     loaded = load_policy(policy)
     identity = identify(loaded, run_id=run_id)
-    plan, _, events_path = prepare(loaded, identity, extra_args=tuple(script_args or ()))
+    plan, paths = prepare(loaded, identity, extra_args=tuple(script_args or ()))
     if dry_run:
         typer.echo(json.dumps(plan.to_dict(), indent=2))
         return
-    outcome = supervise(plan, loaded, identity, events_path)
+    from nvtrain.cli import _console
+
+    try:
+        outcome = supervise(plan, loaded, identity, paths, report=_console.event_reporter())
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
     raise typer.Exit(outcome.exit_code)

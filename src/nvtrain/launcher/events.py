@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EventLog", "read_events"]
+__all__ = ["EventLog", "EventTail", "read_events"]
 
 
 class EventLog:
@@ -43,3 +43,33 @@ def read_events(path: Path) -> list[dict[str, Any]]:
             if isinstance(record, dict):
                 events.append(record)
     return events
+
+
+class EventTail:
+    """Reads the events appended to ``path`` since the last call (the file may not exist yet)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def poll(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(chunk)
+        data = self.partial + chunk
+        lines = data.split(b"\n")
+        self.partial = lines.pop()
+        events = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue
+            if isinstance(record, dict):
+                events.append(record)
+        return events

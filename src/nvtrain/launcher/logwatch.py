@@ -10,6 +10,7 @@ __all__ = ["parse_line", "signal_name"]
 
 _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 _RESTART = re.compile(r"Worker group UNHEALTHY\. (\d+)/(\d+) attempts left")
+_AGENT_ERROR = re.compile(r"Agent run ended with exception,? (.*?)\.? Agent's exit code")
 _JOINED = re.compile(r"joined round (\d+) of the rendezvous '([^']*)' as rank (\d+) in a world of size (\d+)")
 
 
@@ -41,6 +42,9 @@ def parse_line(line: str) -> tuple[str, dict[str, Any]] | None:
             "attempts_left": int(match.group(1)),
             "max_restarts": int(match.group(2)),
         }
+    match = _AGENT_ERROR.search(line)
+    if match:
+        return "launcher_error", {"message": match.group(1)[:500]}
     match = _JOINED.search(line)
     if match:
         return "rendezvous_done", {

@@ -2,7 +2,9 @@
 
 The loop reads top to bottom: plan -> wait for pod 0's name -> start ft_launcher in a session of
 its own -> echo and watch its log -> on a signal, forward SIGTERM and allow ``stop_timeout`` ->
-on exit, kill every leftover descendant and say why the run ended.
+on exit, kill every leftover descendant and say why the run ended. A node that does not host the
+rendezvous store starts ft_launcher again (re-resolving pod 0's name) when its launcher ends with
+an error rather than a spent budget: that is how the job outlives a replaced pod 0.
 """
 
 from __future__ import annotations
@@ -22,17 +24,20 @@ from typing import Any, TextIO
 from nvtrain.config.schema import Policy
 from nvtrain.errors import ExitCode, UsageError, signal_exit_code
 from nvtrain.launcher.dns import wait_until_resolvable
-from nvtrain.launcher.events import EventLog
+from nvtrain.launcher.events import EventLog, EventTail
 from nvtrain.launcher.identity import Identity
 from nvtrain.launcher.logwatch import parse_line
 from nvtrain.launcher.plan import LaunchPlan, build_plan
 from nvtrain.launcher.process import Child, become_subreaper, kill_all
 from nvtrain.nvrx import NvrxVersion, installed_nvrx
 
-__all__ = ["Outcome", "prepare", "supervise"]
+__all__ = ["Outcome", "Reporter", "RunPaths", "prepare", "supervise", "write_state"]
 
 TERMINATION_LOG = Path("/dev/termination-log")
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+Reporter = Callable[[str, dict[str, Any]], None]
+"""Called with (event, fields) for everything the supervisor records; the CLI renders it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,53 +48,84 @@ class Outcome:
     cause: str
 
 
+@dataclasses.dataclass(frozen=True)
+class RunPaths:
+    """Files of one run on this node."""
+
+    run_dir: Path
+    """``<checkpoint dir>/<run id>``: shared by every pod (events log, checkpoints)."""
+    events: Path
+    state_dir: Path
+    """Node-local: the resolved policy handed to the workers."""
+    policy: Path
+
+
 def prepare(
     policy: Policy,
     identity: Identity,
     *,
     extra_args: tuple[str, ...] = (),
     nvrx: NvrxVersion | None = None,
-    state_dir: Path | None = None,
-) -> tuple[LaunchPlan, Path, Path]:
-    """Write the resolved policy for the workers and build the plan.
-
-    Returns (plan, resolved policy path, events path). Pure apart from the policy file.
-    """
+    python: str = sys.executable,
+) -> tuple[LaunchPlan, RunPaths]:
+    """The plan and the paths of this run; writes nothing (``--dry-run`` prints the plan)."""
     version = nvrx or installed_nvrx()
     if version is None:
         raise UsageError(
             "NVRx (nvidia-resiliency-ext) is not installed in this environment",
-            "pip install 'nvtrain[worker]' (or nvidia-resiliency-ext) in the image",
+            "install it in the training image: pip install 'nvtrain[worker]'",
         )
     run_dir = Path(policy.checkpoint.dir) / identity.run_id
-    events_path = run_dir / "events.jsonl"
-    state = state_dir or Path(tempfile.gettempdir()) / f"nvtrain-{identity.run_id}"
-    state.mkdir(parents=True, exist_ok=True)
-    policy_path = state / "policy.json"
-    policy_path.write_text(policy.model_dump_json(by_alias=True), encoding="utf-8")
+    state = Path(tempfile.gettempdir()) / f"nvtrain-{identity.run_id}-node{identity.node_rank}"
+    paths = RunPaths(run_dir, run_dir / "events.jsonl", state, state / "policy.json")
     plan = build_plan(
         policy,
         identity,
         version,
-        python=sys.executable,
-        policy_path=str(policy_path),
-        events_path=str(events_path),
+        python=python,
+        policy_path=str(paths.policy),
+        events_path=str(paths.events),
         extra_args=extra_args,
     )
-    return plan, policy_path, events_path
+    return plan, paths
+
+
+def write_state(policy: Policy, paths: RunPaths) -> None:
+    """Write the resolved policy (JSON) that the workers read through ``NVTRAIN_POLICY``."""
+    paths.state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = paths.policy.with_suffix(".tmp")
+    tmp.write_text(policy.model_dump_json(by_alias=True), encoding="utf-8")
+    os.replace(tmp, paths.policy)
+    paths.run_dir.mkdir(parents=True, exist_ok=True)
 
 
 class _Watch:
-    """What the log and the signals told us so far."""
+    """What ft_launcher's log, the workers' events and the signals told us so far."""
 
-    def __init__(self, policy: Policy, events: EventLog) -> None:
+    def __init__(self, policy: Policy, events: EventLog, report: Reporter) -> None:
         self.policy = policy
         self.events = events
+        self.report = report
+        self.tail = EventTail(events.path)
         self.failures: list[dict[str, Any]] = []
-        self.same_rank_in_a_row = 0
+        self.restarts = 0
+        self.launcher_error: str | None = None
+        self.last_step: int | None = None
+        self.step_at_failure: int | None = None
+        self.stalled = 0
         self.escalated: str | None = None
         self.signum: int | None = None
         self.lock = threading.Lock()
+
+    def emit(self, event: str, **fields: Any) -> None:
+        self.events.emit(event, **fields)
+        self.report(event, fields)
+
+    def _progress(self) -> int | None:
+        for record in self.tail.poll():
+            if record.get("event") == "step" and isinstance(record.get("step"), int):
+                self.last_step = max(self.last_step or 0, record["step"])
+        return self.last_step
 
     def line(self, text: str) -> None:
         parsed = parse_line(text)
@@ -100,49 +136,81 @@ class _Watch:
             if event == "worker_failed":
                 if any(f["worker_pid"] == fields["worker_pid"] for f in self.failures):
                     return
-                last = self.failures[-1] if self.failures else None
-                same = last is not None and last["local_rank"] == fields["local_rank"]
-                self.same_rank_in_a_row = self.same_rank_in_a_row + 1 if same else 1
                 self.failures.append(fields)
-                if self.same_rank_in_a_row >= self.policy.restart.escalate_after:
-                    self.escalated = (
-                        f"local rank {fields['local_rank']} failed {self.same_rank_in_a_row} times in a row"
-                    )
-            self.events.emit(event, **fields)
+                self._check_progress(fields)
+            elif event == "restart_begin":
+                self.restarts += 1
+            elif event == "launcher_error":
+                self.launcher_error = fields["message"]
+            self.emit(event, **fields)
+
+    def _check_progress(self, failure: dict[str, Any]) -> None:
+        """Escalate when failures repeat at the same step (known from the workers' step
+        events). Without step events progress is unknown, and only the budget applies."""
+        step = self._progress()
+        if step is None:
+            return
+        self.stalled = self.stalled + 1 if step == self.step_at_failure else 1
+        self.step_at_failure = step
+        failure["step"] = step
+        if self.stalled >= self.policy.restart.escalate_after:
+            self.escalated = (
+                f"{self.stalled} failures in a row at step {step} (last: local rank {failure['local_rank']})"
+            )
 
 
 def supervise(
     plan: LaunchPlan,
     policy: Policy,
     identity: Identity,
-    events_path: Path,
+    paths: RunPaths,
     *,
     out: TextIO | None = None,
-    log: Callable[[str], None] | None = None,
+    report: Reporter | None = None,
 ) -> Outcome:
     """Run ``plan`` on this node until it ends; returns the exit code and its cause."""
     out = out or sys.stdout
-    say = log or (lambda text: print(f"nvtrain: {text}", file=sys.stderr, flush=True))
-    events = EventLog(events_path, node=identity.node_rank, run_id=identity.run_id, source="launcher")
-    events.emit("launcher_start", argv=plan.argv, endpoint=plan.endpoint, is_host=plan.is_host)
-    if plan.wait_for:
-        say(f"waiting for {plan.wait_for} to resolve")
-        addresses = wait_until_resolvable(
-            plan.wait_for,
-            policy.rendezvous.dns_timeout,
-            on_retry=lambda waited, err: say(f"{plan.wait_for}: {err}; waited {waited:.0f}s"),
-        )
-        events.emit("dns_resolved", name=plan.wait_for, addresses=addresses)
+    write_state(policy, paths)
+    events = EventLog(paths.events, node=identity.node_rank, run_id=identity.run_id, source="launcher")
+    watch = _Watch(policy, events, report or (lambda event, fields: None))
+    watch.emit("launcher_start", argv=plan.argv, endpoint=plan.endpoint, is_host=plan.is_host)
     become_subreaper()
-    watch = _Watch(policy, events)
+    relaunches = 0
+    while True:
+        if plan.wait_for:
+            addresses = wait_until_resolvable(
+                plan.wait_for,
+                policy.rendezvous.dns_timeout,
+                on_retry=lambda waited, err: watch.report(
+                    "dns_wait", {"name": plan.wait_for, "error": err, "waited": round(waited)}
+                ),
+            )
+            watch.emit("dns_resolved", name=plan.wait_for, addresses=addresses)
+        code = _run_once(plan, watch, out)
+        if watch.signum is not None or watch.escalated or code == 0:
+            break
+        if plan.is_host or watch.launcher_error is None:
+            break
+        if relaunches >= policy.restart.in_job.max_restarts:
+            break
+        relaunches += 1
+        watch.emit("relaunch", layer="launcher", reason=watch.launcher_error, attempt=relaunches)
+        watch.launcher_error = None
+    outcome = _outcome(code, watch, policy, identity)
+    watch.emit("launcher_exit", exit_code=outcome.exit_code, cause=outcome.cause)
+    _write_termination_log(outcome.cause)
+    return outcome
+
+
+def _run_once(plan: LaunchPlan, watch: _Watch, out: TextIO) -> int:
     child = Child(plan.argv, {**os.environ, **plan.env}, capture=True)
-    say(f"run {identity.run_id}: ft_launcher started (pid {child.pid}), node {identity.node_rank}")
+    watch.emit("launcher_started", launcher_pid=child.pid)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         if watch.signum is None:
             watch.signum = signum
-            events.emit("signal", signal=signal.Signals(signum).name)
-            child.send(signal.SIGTERM)
+            watch.emit("signal", signal=signal.Signals(signum).name)
+        child.send(signal.SIGTERM)
 
     previous = {s: signal.signal(s, on_signal) for s in _FORWARDED}
     reader = threading.Thread(target=_pump, args=(child, watch, out), daemon=True)
@@ -154,11 +222,9 @@ def supervise(
             signal.signal(s, handler)
         leftovers = kill_all(timeout=2.0)
         reader.join(timeout=5.0)
-    outcome = _outcome(code, watch, policy, identity)
-    events.emit("launcher_exit", exit_code=outcome.exit_code, cause=outcome.cause, killed_leftovers=leftovers)
-    say(outcome.cause)
-    _write_termination_log(outcome.cause)
-    return outcome
+    if leftovers:
+        watch.emit("killed_leftovers", pids=leftovers)
+    return code
 
 
 def _pump(child: Child, watch: _Watch, out: TextIO) -> None:
@@ -176,9 +242,9 @@ def _wait(child: Child, watch: _Watch, plan: LaunchPlan) -> int:
         code = child.wait(timeout=0.2)
         if code is not None:
             return code
-        if watch.escalated and deadline is None:
-            deadline = time.monotonic() + plan.stop_timeout
-            return child.stop(deadline)
+        if watch.escalated:
+            child.send(signal.SIGTERM)
+            return child.stop(time.monotonic() + plan.stop_timeout)
         if watch.signum is not None:
             if deadline is None:
                 deadline = time.monotonic() + plan.stop_timeout + 5.0
@@ -191,14 +257,15 @@ def _outcome(code: int, watch: _Watch, policy: Policy, identity: Identity) -> Ou
     if watch.signum is not None:
         name = signal.Signals(watch.signum).name
         return Outcome(
-            signal_exit_code(watch.signum), f"stopped by {name} on {where}; workers were asked to stop first"
+            signal_exit_code(watch.signum),
+            f"stopped by {name} on {where}; the workers were asked to stop first",
         )
     if watch.escalated:
         return Outcome(
             int(ExitCode.ESCALATED),
-            f"escalation on {where}: {watch.escalated} without progress "
-            f"([restart] escalate_after = {policy.restart.escalate_after}); "
-            "not retrying: fix the cause, then start a new run",
+            f"escalation on {where}: {watch.escalated}, no progress "
+            f"([restart] escalate_after = {policy.restart.escalate_after}); not "
+            "retrying: fix the cause, then start a new run",
         )
     if code == 0:
         return Outcome(int(ExitCode.OK), f"run {identity.run_id} finished on {where}")
@@ -207,12 +274,17 @@ def _outcome(code: int, watch: _Watch, policy: Policy, identity: Identity) -> Ou
         first = watch.failures[0]
         how = f"killed by {first['signal']}" if first["signal"] else f"exit code {first['exit_code']}"
         cause = (
-            f"workers failed; in-job restart budget ({budget}) spent. Root cause (first "
-            f"failure): local rank {first['local_rank']} on {where}, {how} (pid "
+            f"workers failed; {watch.restarts}/{budget} in-job restarts used. Root cause "
+            f"(first failure): local rank {first['local_rank']} on {where}, {how} (pid "
             f"{first['worker_pid']}); {len(watch.failures)} worker failure(s) in all"
         )
         if first["signal"] == "SIGKILL":
-            cause += ". A SIGKILL often means the OOM killer: look for OOMKilled in `kubectl describe pod`"
+            cause += (
+                ". SIGKILL often means the OOM killer: look for OOMKilled in "
+                f"`kubectl describe pod {identity.hostname}`"
+            )
+    elif watch.launcher_error:
+        cause = f"ft_launcher failed on {where}: {watch.launcher_error}"
     else:
         cause = f"ft_launcher exited with code {code} on {where}; see its log above"
     return Outcome(int(ExitCode.FAILED), cause)
