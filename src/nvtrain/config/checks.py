@@ -240,16 +240,31 @@ def _in_process(p: Policy) -> Iterator[Finding]:
             "or ft_launcher restarts the workers before the in-process layer acts",
             f'lower hard_timeout below "{_d(p.heartbeat.timeout)}" or raise the heartbeat timeout',
         )
-    if p.job.collective_timeout <= ip.hard_timeout:
+    collective = p.job.collective_timeout
+    if p.job.backend == "gloo":
+        if collective >= ip.hard_timeout:
+            yield _f(
+                "error",
+                "timeout-order",
+                "job",
+                "collective_timeout",
+                collective,
+                f"must be shorter than [restart.in_process] hard_timeout "
+                f"({_d(ip.hard_timeout)}) with gloo: gloo collectives cannot be aborted, so "
+                "surviving ranks stay blocked until this timeout and are killed first",
+                f'lower it below "{_d(ip.hard_timeout)}", e.g. "{_d(ip.hard_timeout * 2 / 3)}"',
+            )
+    elif collective <= ip.hard_timeout:
         yield _f(
             "error",
             "timeout-order",
             "job",
             "collective_timeout",
-            p.job.collective_timeout,
-            f"must be longer than [restart.in_process] hard_timeout ({_d(ip.hard_timeout)}), "
-            "or a hung collective fails before the in-process layer can restart it",
-            f'raise it above "{_d(ip.hard_timeout)}"',
+            collective,
+            f"must be longer than [restart.in_process] hard_timeout ({_d(ip.hard_timeout)}) "
+            "with NCCL, or the collective timeout ends the process before the in-process "
+            "layer can restart it",
+            f'raise it above "{_d(ip.hard_timeout)}", or set backend = "gloo" for CPU jobs',
         )
 
 

@@ -34,7 +34,7 @@ POLICY_CONFIG = ConfigDict(
     populate_by_name=True,
 )
 
-FaultKind = Literal["exception", "hang", "sigkill", "oom", "sigterm"]
+FaultKind = Literal["exception", "hang", "collective_hang", "sigkill", "oom", "sigterm"]
 
 
 class Job(BaseModel):
@@ -65,15 +65,21 @@ class Job(BaseModel):
     """Training steps the script runs, if known. Lets `validate` check fault steps and the
     checkpoint interval against the length of the run. Unit: steps."""
 
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    """Collective backend of the workers' process group: `"nccl"` on GPUs, `"gloo"` on CPUs,
+    `"auto"` picks NCCL when CUDA is available. It decides how collectives and the in-process
+    timeouts must relate (NCCL collectives can be aborted, gloo collectives cannot)."""
+
     stop_timeout: Duration = 60.0
     """After SIGTERM (pod deletion, preemption), how long the workers get to finish, e.g. the
     checkpoint in flight, before they are killed. The pod's `terminationGracePeriodSeconds` must
     be longer."""
 
     collective_timeout: Duration = 600.0
-    """Timeout of the workers' collectives (the `torch.distributed` process-group timeout). A hung
-    collective is noticed after this long at the latest; it must exceed the in-process hard
-    timeout, or the in-process layer never gets to act."""
+    """Timeout of the workers' collectives (the `torch.distributed` process-group timeout). With
+    NCCL it must exceed the in-process hard timeout (NVRx aborts a hung NCCL collective; the
+    timeout would kill the process first). Gloo collectives cannot be aborted, so with gloo it
+    must be shorter than the hard timeout: the timeout is what frees the surviving ranks."""
 
 
 class Rendezvous(BaseModel):
@@ -205,8 +211,9 @@ class Fault(BaseModel):
     """Global rank that fails."""
 
     kind: FaultKind
-    """`exception` (raise), `hang` (stop making progress), `sigkill`, `oom` (exit 137) or
-    `sigterm`."""
+    """`exception` (raise), `hang` (stop in Python: no progress, no heartbeats),
+    `collective_hang` (block in a collective that the other ranks never join), `sigkill`, `oom`
+    (exit 137) or `sigterm`."""
 
 
 class Policy(BaseModel):

@@ -1,51 +1,92 @@
-"""A torchrun-style training script: reads RANK, WORLD_SIZE, MASTER_ADDR... and nothing else."""
+"""The demo training script: a small FSDP2 model on synthetic data, using the worker library.
+
+Deterministic: the batch of step N on rank R depends only on (N, R), and the checkpoint holds
+everything else (model, optimizer, RNG states), so a run that recovers from faults ends with the
+same weights as a run without faults.
+"""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
-import time
-from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import nvtrain.worker as nw
 
 
-def main() -> None:
-    import torch
-    import torch.distributed as dist
-
-    parser = argparse.ArgumentParser(prog="python -m nvtrain.demo")
-    parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("--step-time", type=float, default=0.05, help="extra seconds per step")
-    parser.add_argument("--log-every", type=int, default=20)
-    args = parser.parse_args()
-
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1:
-        dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+def build(ctx: nw.Context, width: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    generator = torch.Generator().manual_seed(1000 + rank)
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    print(f"DEMO rank {rank}/{world} started (restart {restart}, pid {os.getpid()})", flush=True)
-    for step in range(1, args.steps + 1):
-        x = torch.randn(16, 32, generator=generator)
-        loss = ((model(x) - x.sum(dim=1, keepdim=True) / 8) ** 2).mean()
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(width, width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(width, 1),
+    ).to(ctx.device)
+    if ctx.world_size > 1:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def batch(step: int, rank: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(step * 1000 + rank)
+    x = torch.randn(16, 32, generator=gen)
+    return x.to(device), (x.sum(dim=1, keepdim=True) / 8).to(device)
+
+
+def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    """A hash of this rank's model and optimizer shards (bitwise)."""
+    digest = hashlib.sha256()
+    for name, value in sorted(model.state_dict().items()):
+        local = value.to_local() if hasattr(value, "to_local") else value
+        digest.update(name.encode() + local.detach().cpu().contiguous().numpy().tobytes())
+    for group_state in optimizer.state.values():
+        for key, value in sorted(group_state.items()):
+            if isinstance(value, torch.Tensor):
+                local = value.to_local() if hasattr(value, "to_local") else value
+                digest.update(key.encode() + local.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def main(ctx: nw.Context, args: argparse.Namespace) -> None:
+    model, optimizer = build(ctx, args.width)
+    ctx.checkpointer(model, optimizer)
+    print(
+        f"DEMO rank {ctx.rank}/{ctx.world_size} starts at step {ctx.start_step + 1} "
+        f"(attempt {ctx.iteration}, restart {ctx.restart_count}, pid {os.getpid()})",
+        flush=True,
+    )
+    for step in range(ctx.start_step + 1, args.steps + 1):
+        x, y = batch(step, ctx.rank, ctx.device)
+        loss = torch.nn.functional.mse_loss(model(x), y)
         optimizer.zero_grad()
         loss.backward()
-        if world > 1:
-            for p in model.parameters():
-                assert p.grad is not None
-                dist.all_reduce(p.grad)
-                p.grad /= world
         optimizer.step()
-        time.sleep(args.step_time)
-        if rank == 0 and step % args.log_every == 0:
-            print(f"DEMO step {step}/{args.steps} loss {loss.item():.4f}", flush=True)
-    if world > 1:
+        if args.step_time:
+            import time
+
+            time.sleep(args.step_time)
+        if ctx.rank == 0 and step % args.log_every == 0:
+            print(f"DEMO step {step}/{args.steps} loss {loss.item():.5f}", flush=True)
+        ctx.step_done(step, loss=round(loss.item(), 6))
+    if dist.is_initialized():
         dist.barrier()
-        dist.destroy_process_group()
-    print(f"DEMO rank {rank} finished", flush=True)
+    print(f"DEMO rank {ctx.rank} finished fingerprint {fingerprint(model, optimizer)}", flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(prog="python -m nvtrain.demo")
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--step-time", type=float, default=0.05)
+    parser.add_argument("--log-every", type=int, default=20)
+    options = parser.parse_args()
+    nw.run(lambda ctx: main(ctx, options))

@@ -33,10 +33,13 @@ class LaunchPlan:
     """DNS name that must resolve before the launch (pod 0's name); None when standalone."""
     stop_timeout: float
     """Seconds between forwarding SIGTERM and killing what is left."""
+    env_defaults: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Environment for the workers unless the pod's environment sets it already."""
 
     def shell(self) -> str:
         """The plan as one shell command line (environment first)."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        merged = {**self.env_defaults, **self.env}
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(merged.items()))
         return f"{env} {shlex.join(self.argv)}".strip()
 
     def to_dict(self) -> dict[str, object]:
@@ -112,4 +115,6 @@ def build_plan(
         "NVTRAIN_NODE_RANK": str(identity.node_rank),
         "GROUP_RANK": str(identity.node_rank),
     }
-    return LaunchPlan(argv, env, endpoint, is_host, wait_for, job.stop_timeout)
+    # The in-process layer polls its stores every second; c10d logs each poll timeout.
+    defaults = {"TORCH_CPP_LOG_LEVEL": "ERROR"}
+    return LaunchPlan(argv, env, endpoint, is_host, wait_for, job.stop_timeout, defaults)

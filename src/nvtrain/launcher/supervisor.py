@@ -23,8 +23,8 @@ from typing import Any, TextIO
 
 from nvtrain.config.schema import Policy
 from nvtrain.errors import ExitCode, UsageError, signal_exit_code
+from nvtrain.events import EventLog, EventTail
 from nvtrain.launcher.dns import wait_until_resolvable
-from nvtrain.launcher.events import EventLog, EventTail
 from nvtrain.launcher.identity import Identity
 from nvtrain.launcher.logwatch import parse_line
 from nvtrain.launcher.plan import LaunchPlan, build_plan
@@ -203,7 +203,7 @@ def supervise(
 
 
 def _run_once(plan: LaunchPlan, watch: _Watch, out: TextIO) -> int:
-    child = Child(plan.argv, {**os.environ, **plan.env}, capture=True)
+    child = Child(plan.argv, {**plan.env_defaults, **os.environ, **plan.env}, capture=True)
     watch.emit("launcher_started", launcher_pid=child.pid)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -1,4 +1,8 @@
-"""The run's events log: JSON lines, append-only; each line is written with one ``write`` call."""
+"""The run's events log (JSON lines, append-only), written by the launcher and the workers.
+
+Each line is written with one ``write`` call on an O_APPEND descriptor, so processes on one node
+can share the file without interleaving lines. Readers skip a torn last line.
+"""
 
 from __future__ import annotations
 

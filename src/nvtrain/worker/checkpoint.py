@@ -1,0 +1,457 @@
+"""Sharded, asynchronous, all-or-nothing checkpoints of model and optimizer state.
+
+Layout of one run (``<checkpoint dir>/<run id>/``)::
+
+    step-000120/                 a committed checkpoint: only ever appears whole (renamed)
+        __0_0.distcp ...         torch.distributed.checkpoint shards, one set per rank
+        .metadata                written by the coordinator once every rank's shards are written
+        extra-rank0.pt ...       per-rank state: RNG states, data-loader position, user extras
+        manifest-rank0.json ...  per-rank list of files with size and CRC-32
+        COMMITTED                written last, lists every file; then the folder is renamed
+    step-000140.partial-ab12cd/  a save in flight, or one whose writer died: never restored
+
+A save: wait for the previous save to be committed; stage the state into host memory (the only
+part that blocks training); write in the background (a separate gloo group, so the background
+collectives never meet the training loop's); each rank writes its manifest; rank 0 waits for
+all manifests, writes COMMITTED and renames the folder. Restore picks the newest committed
+checkpoint of this run whose files all match their manifests, and reports the partial and
+corrupt ones it skipped. Retention keeps ``keep`` committed checkpoints and never deletes the
+newest one.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import os
+import random
+import re
+import secrets
+import shutil
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+from nvtrain.config.schema import Checkpoint as CheckpointPolicy
+from nvtrain.events import EventLog
+
+__all__ = ["Checkpointer", "CorruptCheckpoint", "committed_steps"]
+
+COMMITTED = "COMMITTED"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+_PARTIAL_DIR = re.compile(r"^step-(\d+)\.partial-[0-9a-f]+$")
+_CHUNK = 8 << 20
+
+
+class CorruptCheckpoint(RuntimeError):
+    """A committed checkpoint whose files do not match their manifests."""
+
+
+def _crc(path: Path) -> int:
+    crc = 0
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durable(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def committed_steps(run_dir: Path) -> list[int]:
+    """Steps of the committed checkpoints in ``run_dir``, oldest first."""
+    steps = []
+    if run_dir.is_dir():
+        for entry in run_dir.iterdir():
+            match = _STEP_DIR.match(entry.name)
+            if match and (entry / COMMITTED).is_file():
+                steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+def _step_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / f"step-{step:06d}"
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    with contextlib.suppress(ImportError):
+        import numpy
+
+        state["numpy"] = numpy.random.get_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        with contextlib.suppress(ImportError):
+            import numpy
+
+            numpy.random.set_state(state["numpy"])
+
+
+def _nbytes(state: Any) -> int:
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if hasattr(state, "_local_tensor"):
+        return _nbytes(state._local_tensor)
+    if isinstance(state, dict):
+        return sum(_nbytes(v) for v in state.values())
+    if isinstance(state, list | tuple):
+        return sum(_nbytes(v) for v in state)
+    return 0
+
+
+class _Save:
+    """One save in flight."""
+
+    def __init__(self, step: int, folder: Path, future: concurrent.futures.Future[Any] | None):
+        self.step = step
+        self.folder = folder
+        self.future = future
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.started = time.monotonic()
+
+
+class Checkpointer:
+    """Saves and restores model + optimizer (+ extras) of one training attempt.
+
+    Create one per attempt (after ``init_process_group``); call ``restore()`` once, then
+    ``maybe_save(step)`` every step, and ``close()`` at the end. ``abort()`` drops a save in
+    flight without committing it (in-process restart).
+    """
+
+    def __init__(
+        self,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        run_dir: Path,
+        policy: CheckpointPolicy,
+        events: EventLog | None = None,
+        extra: dict[str, Any] | None = None,
+        pause: Callable[[float], contextlib.AbstractContextManager[None]] | None = None,
+        pause_limit: float = 3600.0,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.run_dir = run_dir
+        self.policy = policy
+        self.events = events
+        self.extra = extra or {}
+        self._pause = pause
+        self.pause_limit = pause_limit
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world = dist.get_world_size() if self.distributed else 1
+        # Background saves coordinate on their own group, never on the training loop's.
+        self.group = dist.new_group(backend="gloo") if self.distributed else None
+        self.inflight: _Save | None = None
+        self.aborted = False
+        self.stager: Any = None
+        self.last_saved: int | None = None
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _emit(self, event: str, **fields: Any) -> None:
+        if self.events is not None:
+            self.events.emit(event, rank=self.rank, **fields)
+
+    @contextlib.contextmanager
+    def _paused(self) -> Iterator[None]:
+        if self._pause is None:
+            yield
+        else:
+            with self._pause(self.pause_limit):
+                yield
+
+    def _state(self) -> dict[str, Any]:
+        if self.optimizer is not None:
+            model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+            return {"model": model_sd, "optim": optim_sd}
+        model_sd, _ = get_state_dict(self.model, [])
+        return {"model": model_sd}
+
+    def _extra_state(self, step: int) -> dict[str, Any]:
+        extras = {k: (v.state_dict() if hasattr(v, "state_dict") else v) for k, v in self.extra.items()}
+        return {"step": step, "world": self.world, "rng": _rng_state(), "extra": extras}
+
+    def _broadcast_token(self) -> str:
+        token = [secrets.token_hex(4)]
+        if self.distributed:
+            dist.broadcast_object_list(token, src=0, group=self.group)
+        return str(token[0])
+
+    # -- saving ----------------------------------------------------------------------------
+    def due(self, step: int) -> bool:
+        return step % self.policy.interval == 0 and step != self.last_saved
+
+    def maybe_save(self, step: int) -> bool:
+        if not self.due(step):
+            return False
+        self.save(step)
+        return True
+
+    def save(self, step: int) -> None:
+        """Checkpoint the state after ``step``. Blocks only while the state is staged (async)."""
+        t0 = time.monotonic()
+        self.wait()  # the previous save is finalized before the next starts
+        waited = time.monotonic() - t0
+        folder = self.run_dir / f"step-{step:06d}.partial-{self._broadcast_token()}"
+        folder.mkdir(parents=True, exist_ok=True)
+        self._emit("checkpoint_begin", step=step, waited_for_previous_s=round(waited, 6))
+        state = self._state()
+        nbytes = _nbytes(state)
+        torch.save(self._extra_state(step), folder / f"extra-rank{self.rank}.pt")
+        t1 = time.monotonic()
+        if self.policy.async_:
+            response = dcp_async_save(
+                state,
+                checkpoint_id=str(folder),
+                process_group=self.group,
+                async_stager=self._get_stager(),
+            )
+            future: Any = getattr(response, "upload_completion", response)
+            staged = time.monotonic()
+            save = _Save(step, folder, future)
+            self._emit(
+                "checkpoint_staged",
+                step=step,
+                blocked_s=round(staged - t0, 6),
+                stage_s=round(staged - t1, 6),
+                bytes=nbytes,
+            )
+            threading.Thread(
+                target=self._finish, args=(save,), daemon=True, name=f"nvtrain-ckpt-{step}"
+            ).start()
+        else:
+            with self._paused():
+                dcp_save(state, checkpoint_id=str(folder), process_group=self.group)
+            save = _Save(step, folder, None)
+            self._emit(
+                "checkpoint_staged",
+                step=step,
+                blocked_s=round(time.monotonic() - t0, 6),
+                stage_s=round(time.monotonic() - t1, 6),
+                bytes=nbytes,
+            )
+            with self._paused():
+                self._finish(save)
+        self.inflight = save
+        self.last_saved = step
+        if not self.policy.async_:
+            self.wait()
+
+    def _get_stager(self) -> Any:
+        if self.stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            cuda = torch.cuda.is_available()
+            # Staging buffers are allocated once and reused: pinned host memory on GPUs.
+            self.stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=cuda,
+                    use_shared_memory=False,
+                    use_async_staging=False,
+                    use_non_blocking_copy=cuda,
+                )
+            )
+        return self.stager
+
+    def _finish(self, save: _Save) -> None:
+        """Background: wait for this rank's write, write its manifest; rank 0 commits."""
+        try:
+            if save.future is not None:
+                save.future.result()
+            if self.aborted:
+                return
+            mine = sorted(
+                p
+                for p in save.folder.iterdir()
+                if p.is_file()
+                and (
+                    p.name.startswith(f"__{self.rank}_")
+                    or p.name == f"extra-rank{self.rank}.pt"
+                    or (self.rank == 0 and p.name == ".metadata")
+                )
+            )
+            manifest = {p.name: {"size": p.stat().st_size, "crc32": _crc(p)} for p in mine}
+            _write_durable(
+                save.folder / f"manifest-rank{self.rank}.json", json.dumps(manifest, sort_keys=True).encode()
+            )
+            if self.rank == 0:
+                self._commit(save)
+        except BaseException as exc:  # reported by wait(); never kills the trainer thread
+            save.error = exc
+        finally:
+            save.done.set()
+
+    def _commit(self, save: _Save) -> None:
+        deadline = time.monotonic() + 600.0
+        names = [f"manifest-rank{r}.json" for r in range(self.world)]
+        while not all((save.folder / n).is_file() for n in names):
+            if self.aborted or time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        files: dict[str, Any] = {}
+        for name in names:
+            files.update(json.loads((save.folder / name).read_text()))
+        _write_durable(
+            save.folder / COMMITTED,
+            json.dumps({"step": save.step, "world": self.world, "files": files}, sort_keys=True).encode(),
+        )
+        final = _step_dir(self.run_dir, save.step)
+        if final.exists():  # the same step was committed by an earlier attempt: keep it
+            shutil.rmtree(save.folder, ignore_errors=True)
+        else:
+            os.rename(save.folder, final)
+            _fsync_dir(self.run_dir)
+        self._emit(
+            "checkpoint_committed",
+            step=save.step,
+            write_s=round(time.monotonic() - save.started, 6),
+            bytes=sum(int(f["size"]) for f in files.values()),
+        )
+        self._retain(save.step)
+
+    def _retain(self, newest: int) -> None:
+        steps = committed_steps(self.run_dir)
+        for step in steps[: max(len(steps) - self.policy.keep, 0)]:
+            if step != newest:
+                shutil.rmtree(_step_dir(self.run_dir, step), ignore_errors=True)
+        for entry in self.run_dir.iterdir():
+            match = _PARTIAL_DIR.match(entry.name)
+            if match and int(match.group(1)) < newest:
+                shutil.rmtree(entry, ignore_errors=True)
+
+    def wait(self) -> None:
+        """Block until the save in flight is written and (on rank 0) committed."""
+        save, self.inflight = self.inflight, None
+        if save is None:
+            return
+        with self._paused():
+            save.done.wait()
+        if save.error is not None:
+            self._emit("checkpoint_failed", step=save.step, error=repr(save.error))
+            raise save.error
+        if self.distributed:
+            dist.barrier(group=self.group)  # every rank knows the save is committed
+
+    def close(self) -> None:
+        self.wait()
+        if self.stager is not None:
+            with contextlib.suppress(Exception):
+                self.stager.close()
+            self.stager = None
+
+    def abort(self) -> None:
+        """Forget the save in flight: it is never committed (called on in-process restart)."""
+        self.aborted = True
+        self.inflight = None
+
+    # -- restoring -------------------------------------------------------------------------
+    def _verify(self, folder: Path) -> str | None:
+        """None when every file listed in COMMITTED matches; else what is wrong."""
+        try:
+            listed = json.loads((folder / COMMITTED).read_text())["files"]
+        except (OSError, ValueError, KeyError) as exc:
+            return f"unreadable {COMMITTED}: {exc}"
+        names = sorted(listed)
+        for name in names[self.rank :: self.world]:
+            path = folder / name
+            if not path.is_file():
+                return f"{name} is missing"
+            if path.stat().st_size != listed[name]["size"]:
+                return f"{name} has {path.stat().st_size} bytes, expected {listed[name]['size']}"
+            if _crc(path) != listed[name]["crc32"]:
+                return f"{name} does not match its checksum"
+        return None
+
+    def _all_ok(self, problem: str | None) -> bool:
+        if not self.distributed:
+            return problem is None
+        flag = torch.tensor([0 if problem is None else 1])
+        dist.all_reduce(flag, group=self.group)
+        return int(flag.item()) == 0
+
+    def restore(self) -> int:
+        """Load the newest intact committed checkpoint of this run; returns its step (0: none)."""
+        t0 = time.monotonic()
+        newest_committed = max(committed_steps(self.run_dir), default=0)
+        if self.rank == 0 and self.run_dir.is_dir():
+            for entry in sorted(self.run_dir.iterdir()):
+                match = _PARTIAL_DIR.match(entry.name)
+                if match and int(match.group(1)) > newest_committed:
+                    self._emit("checkpoint_partial", path=str(entry), step=int(match.group(1)))
+        with self._paused():
+            for step in reversed(committed_steps(self.run_dir)):
+                folder = _step_dir(self.run_dir, step)
+                problem = self._verify(folder)
+                if not self._all_ok(problem):
+                    self._emit(
+                        "checkpoint_corrupt",
+                        step=step,
+                        path=str(folder),
+                        problem=problem or "a file checked by another rank",
+                    )
+                    continue
+                self._load(folder)
+                self.last_saved = step
+                self._emit(
+                    "checkpoint_restored",
+                    step=step,
+                    source="storage",
+                    seconds=round(time.monotonic() - t0, 6),
+                )
+                return step
+        return 0
+
+    def _load(self, folder: Path) -> None:
+        state = self._state()
+        dcp_load(state, checkpoint_id=str(folder), process_group=self.group)
+        if self.optimizer is not None:
+            set_state_dict(
+                self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+            )
+        else:
+            set_state_dict(self.model, [], model_state_dict=state["model"], optim_state_dict={})
+        extra_path = folder / f"extra-rank{self.rank}.pt"
+        if extra_path.is_file():
+            extra = torch.load(extra_path, weights_only=False)
+            _set_rng_state(extra["rng"])
+            for key, value in extra["extra"].items():
+                target = self.extra.get(key)
+                if target is not None and hasattr(target, "load_state_dict"):
+                    target.load_state_dict(value)

@@ -1,0 +1,199 @@
+"""``run(main)``: the training function under NVRx in-process restart, configured by the policy.
+
+No ``from __future__ import annotations`` here: NVRx passes its ``CallWrapper`` to parameters
+annotated with the class itself, which string annotations would hide.
+
+Per attempt: a fresh process group (its store prefixed with the attempt number), a fresh
+``Context`` and ``Checkpointer``; on a fault NVRx aborts the collectives, our finalize step drops
+the checkpoint in flight (it is never committed), and the function runs again, restoring the
+newest committed checkpoint. Faults that kill the process are left to ft_launcher.
+"""
+
+import datetime
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nvtrain.events import EventLog
+from nvtrain.worker.context import Context
+from nvtrain.worker.faults import FaultInjector
+from nvtrain.worker.heartbeat import Heartbeat
+from nvtrain.worker.settings import WorkerSettings, load_settings
+
+__all__ = ["run"]
+
+Main = Callable[[Context], Any]
+
+
+class _Current:
+    """The attempt in progress, so the abort step (another thread) can reach it."""
+
+    context: Context | None = None
+
+
+def _backend(choice: str) -> str:
+    if choice == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return choice
+
+
+def _attempt(
+    main: Main,
+    settings: WorkerSettings,
+    events: EventLog | None,
+    heartbeat: Heartbeat,
+    faults: FaultInjector,
+    iteration: int,
+    store: Any = None,
+    call_wrapper: Any = None,
+) -> Any:
+    policy = settings.policy
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    timeout = datetime.timedelta(seconds=policy.job.collective_timeout)
+    if world > 1:
+        if _backend(policy.job.backend) == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if store is not None:
+            dist.init_process_group(
+                _backend(policy.job.backend),
+                store=store,
+                rank=int(os.environ["RANK"]),
+                world_size=world,
+                timeout=timeout,
+            )
+        else:
+            dist.init_process_group(_backend(policy.job.backend), timeout=timeout)
+    run_dir = Path(policy.checkpoint.dir) / settings.run_id
+    ctx = Context(
+        policy=policy,
+        run_id=settings.run_id,
+        run_dir=run_dir,
+        events=events,
+        heartbeat=heartbeat,
+        faults=faults,
+        iteration=iteration,
+        call_wrapper=call_wrapper,
+    )
+    _Current.context = ctx
+    if events is not None:
+        events.emit(
+            "attempt_start",
+            rank=ctx.rank,
+            world=ctx.world_size,
+            iteration=iteration,
+            restart_count=ctx.restart_count,
+        )
+    try:
+        result = main(ctx)
+        ctx.finish()
+        return result
+    finally:
+        _Current.context = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run(main: Main) -> Any:
+    """Run ``main(ctx)`` with the recovery layers the policy asks for; returns its result."""
+    settings = load_settings()
+    policy = settings.policy
+    rank = int(os.environ.get("RANK", "0"))
+    events = settings.events(rank=rank, host=socket.gethostname())
+    heartbeat = Heartbeat(
+        settings.under_launcher, interval=min(policy.heartbeat.monitor_interval, policy.heartbeat.timeout / 4)
+    )
+    run_dir = Path(policy.checkpoint.dir) / settings.run_id
+    faults = FaultInjector(policy.faults, run_dir / "faults", events)
+    heartbeat.start()
+    if events is not None:
+        events.emit(
+            "worker_start", rank=rank, restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        )
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if policy.restart.in_process.enabled and world > 1:
+            return _run_in_process(main, settings, events, heartbeat, faults)
+        return _attempt(main, settings, events, heartbeat, faults, iteration=0)
+    finally:
+        heartbeat.stop()
+
+
+def _run_in_process(
+    main: Main, settings: WorkerSettings, events: EventLog | None, heartbeat: Heartbeat, faults: FaultInjector
+) -> Any:
+    from nvidia_resiliency_ext import inprocess
+
+    ip = settings.policy.restart.in_process
+    soft, hard = ip.soft_timeout, ip.hard_timeout
+    barrier = hard + max(30.0, soft)
+    tick = datetime.timedelta(seconds=min(1.0, soft / 10))
+
+    class _DropCheckpoint(inprocess.finalize.Finalize):  # type: ignore[misc]
+        def __call__(self, state: Any) -> Any:
+            ctx = _Current.context
+            if ctx is not None:
+                ctx.abort()
+            if events is not None:
+                events.emit(
+                    "restart_begin",
+                    layer="in_process",
+                    rank=int(os.environ["RANK"]),
+                    iteration=getattr(state, "iteration", None),
+                )
+            return state
+
+    health = inprocess.health_check.CudaHealthCheck() if torch.cuda.is_available() else None
+    wrapper = inprocess.Wrapper(
+        store_kwargs={"timeout": datetime.timedelta(seconds=barrier)},
+        initialize=inprocess.initialize.RetryController(
+            max_iterations=ip.max_attempts, min_world_size=ip.min_world_size
+        ),
+        finalize=_DropCheckpoint(),
+        health_check=health,
+        soft_timeout=datetime.timedelta(seconds=soft),
+        hard_timeout=datetime.timedelta(seconds=hard),
+        heartbeat_timeout=datetime.timedelta(seconds=min(soft, barrier / 2)),
+        barrier_timeout=datetime.timedelta(seconds=barrier),
+        completion_timeout=datetime.timedelta(seconds=barrier),
+        monitor_thread_interval=tick,
+        monitor_process_interval=tick,
+        heartbeat_interval=tick,
+        progress_watchdog_interval=tick,
+    )
+    if hasattr(wrapper, "restart_health_check"):  # NVRx 0.6+: NVML checks fail without a GPU
+        wrapper.restart_health_check = wrapper.health_check
+    base_store = dist.TCPStore(  # type: ignore[attr-defined]
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]) + 1,
+        world_size=int(os.environ["WORLD_SIZE"]),
+        is_master=int(os.environ["RANK"]) == 0,
+        timeout=datetime.timedelta(seconds=barrier),
+        multi_tenant=True,
+        use_libuv=True,
+        wait_for_workers=False,
+    )
+
+    def attempt(call_wrapper: inprocess.CallWrapper = None) -> Any:
+        iteration = call_wrapper.iteration
+        if iteration > 0 and events is not None:
+            events.emit(
+                "restart_end",
+                layer="in_process",
+                rank=int(os.environ["RANK"]),
+                iteration=iteration,
+                ts_mono=time.monotonic(),
+            )
+        store = dist.PrefixStore(  # type: ignore[attr-defined]
+            f"nvtrain-attempt-{iteration}", base_store
+        )
+        return _attempt(
+            main, settings, events, heartbeat, faults, iteration, store=store, call_wrapper=call_wrapper
+        )
+
+    return wrapper(attempt)()
