@@ -68,7 +68,7 @@ def main(ctx: nw.Context, args: argparse.Namespace) -> None:
         x, y = batch(step, ctx.rank, ctx.device)
         loss = torch.nn.functional.mse_loss(model(x), y)
         optimizer.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         if args.step_time:
             import time
