@@ -44,7 +44,7 @@ def _root(
     """
 
 
-app.command("run", context_settings={"allow_interspersed_args": False})(run.command)
+app.command("run")(run.command)
 app.command("validate")(validate.command)
 app.command("schema")(schema.command)
 

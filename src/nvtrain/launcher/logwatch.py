@@ -9,9 +9,13 @@ from typing import Any
 __all__ = ["parse_line", "signal_name"]
 
 _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
-_RESTART = re.compile(r"Worker group UNHEALTHY\. (\d+)/(\d+) attempts left")
+# 0.4 says UNHEALTHY, 0.6/0.7 say FAILED.
+_RESTART = re.compile(r"Worker group (?:UNHEALTHY|FAILED)\. (\d+)/(\d+) attempts left")
 _AGENT_ERROR = re.compile(r"Agent run ended with exception,? (.*?)\.? Agent's exit code")
-_JOINED = re.compile(r"joined round (\d+) of the rendezvous '([^']*)' as rank (\d+) in a world of size (\d+)")
+# 0.4: "joined round N of the rendezvous ..."; 0.6/0.7: "joined the rendezvous ..." (no round)
+_JOINED = re.compile(
+    r"joined (?:round (\d+) of )?the rendezvous '([^']*)' as rank (\d+) in a world of size (\d+)"
+)
 
 
 def signal_name(exit_code: int) -> str | None:
@@ -48,7 +52,7 @@ def parse_line(line: str) -> tuple[str, dict[str, Any]] | None:
     match = _JOINED.search(line)
     if match:
         return "rendezvous_done", {
-            "round": int(match.group(1)),
+            "round": int(match.group(1)) if match.group(1) else None,
             "group_rank": int(match.group(3)),
             "nodes": int(match.group(4)),
         }

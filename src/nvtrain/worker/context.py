@@ -92,9 +92,18 @@ class Context:
         if self._call_wrapper is not None:
             self._call_wrapper.ping()
         saving = self._checkpointer is not None and self._checkpointer.due(step)
-        if self.events is not None and (step % _STEP_SAMPLE == 0 or saving):
+        first = self._last_step_time is None  # the first step of an attempt ends a recovery
+        if self.events is not None and (step % _STEP_SAMPLE == 0 or saving or first):
             took = None if self._last_step_time is None else round(now - self._last_step_time, 6)
-            self.events.emit("step", step=step, rank=self.rank, step_s=took, **metrics)
+            self.events.emit(
+                "step",
+                step=step,
+                rank=self.rank,
+                step_s=took,
+                attempt=self.iteration,
+                restart_count=self.restart_count,
+                **metrics,
+            )
         self._last_step_time = now
         if self._checkpointer is not None:
             if self._call_wrapper is not None and saving:

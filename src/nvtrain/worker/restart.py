@@ -56,7 +56,7 @@ def _attempt(
     policy = settings.policy
     world = int(os.environ.get("WORLD_SIZE", "1"))
     timeout = datetime.timedelta(seconds=policy.job.collective_timeout)
-    if world > 1:
+    if world > 1 or store is not None:
         if _backend(policy.job.backend) == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         if store is not None:
@@ -116,8 +116,8 @@ def run(main: Main) -> Any:
             "worker_start", rank=rank, restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         )
     try:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        if policy.restart.in_process.enabled and world > 1:
+        launched = "MASTER_ADDR" in os.environ and "RANK" in os.environ
+        if policy.restart.in_process.enabled and launched:
             return _run_in_process(main, settings, events, heartbeat, faults)
         return _attempt(main, settings, events, heartbeat, faults, iteration=0)
     finally:
