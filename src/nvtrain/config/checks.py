@@ -498,6 +498,18 @@ def _timing_rules(p: Policy, t: Timings) -> Iterator[Finding]:
             f"step ({_d(startup)})",
             f'raise it to at least "{_d(startup * MARGIN)}"',
         )
+    if t.save_write is not None and p.job.stop_timeout < t.save_write.worst:
+        yield _f(
+            "warning",
+            "stop-before-write",
+            "job",
+            "stop_timeout",
+            p.job.stop_timeout,
+            f"is shorter than the longest measured checkpoint write ({_d(t.save_write.worst)}): "
+            "a pod stopped during a save is killed before the checkpoint is committed (the "
+            "manifests derive terminationGracePeriodSeconds from this value)",
+            f'raise it to at least "{_d(t.save_write.worst * MARGIN)}"',
+        )
     c = p.checkpoint
     if c.async_ and t.step is not None and t.save_write is not None:
         between = c.interval * t.step.median

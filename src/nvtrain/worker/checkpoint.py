@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -148,6 +149,7 @@ class _ReusedBufferStager:
 
     def __init__(self) -> None:
         self.buffer: Any = None
+        self.last_staged: Any = None
         self.signature: Any = None
 
     @property
@@ -176,19 +178,40 @@ class _ReusedBufferStager:
         staged = _copy_state_dict(state_dict, self.buffer, non_blocking=cuda)
         if cuda:
             torch.cuda.synchronize()
+        self.last_staged = staged
         return staged
 
     def synchronize_staging(self) -> None:
         return None
 
     def close(self) -> None:
-        self.buffer = None
+        self.buffer = self.last_staged = None
+
+
+@dataclasses.dataclass
+class _Held:
+    """The staged copy of this rank's newest written checkpoint, kept in host memory."""
+
+    step: int
+    state: Any
+    extra: dict[str, Any]
+
+
+_IN_MEMORY: dict[str, _Held] = {}
+"""Per run directory; survives in-process restarts (same process), not process restarts."""
 
 
 class _Save:
     """One save in flight."""
 
-    def __init__(self, step: int, folder: Path, future: concurrent.futures.Future[Any] | None):
+    def __init__(
+        self,
+        step: int,
+        folder: Path,
+        future: concurrent.futures.Future[Any] | None,
+        held: _Held | None = None,
+    ):
+        self.held = held
         self.step = step
         self.folder = folder
         self.future = future
@@ -283,9 +306,11 @@ class Checkpointer:
         folder = self.run_dir / f"step-{step:06d}.partial-{self._broadcast_token()}"
         folder.mkdir(parents=True, exist_ok=True)
         self._emit("checkpoint_begin", step=step, waited_for_previous_s=round(waited, 6))
+        _IN_MEMORY.pop(str(self.run_dir), None)  # the staging buffers are about to change
         state = self._state()
         nbytes = _nbytes(state)
-        torch.save(self._extra_state(step), folder / f"extra-rank{self.rank}.pt")
+        extra_state = self._extra_state(step)
+        torch.save(extra_state, folder / f"extra-rank{self.rank}.pt")
         t1 = time.monotonic()
         if self.policy.async_:
             response = dcp_async_save(
@@ -296,7 +321,8 @@ class Checkpointer:
             )
             future: Any = getattr(response, "upload_completion", response)
             staged = time.monotonic()
-            save = _Save(step, folder, future)
+            held = _Held(step, self.stager.last_staged, extra_state) if self.stager else None
+            save = _Save(step, folder, future, held)
             self._emit(
                 "checkpoint_staged",
                 step=step,
@@ -351,6 +377,8 @@ class Checkpointer:
             _write_durable(
                 save.folder / f"manifest-rank{self.rank}.json", json.dumps(manifest, sort_keys=True).encode()
             )
+            if save.held is not None and save.held.state is not None:
+                _IN_MEMORY[str(self.run_dir)] = save.held
             if self.rank == 0:
                 self._commit(save)
         except BaseException as exc:  # reported by wait(); never kills the trainer thread
@@ -455,6 +483,8 @@ class Checkpointer:
                 match = _PARTIAL_DIR.match(entry.name)
                 if match and int(match.group(1)) > newest_committed:
                     self._emit("checkpoint_partial", path=str(entry), step=int(match.group(1)))
+        if self._restore_from_memory(newest_committed, t0):
+            return newest_committed
         with self._paused():
             for step in reversed(committed_steps(self.run_dir)):
                 folder = _step_dir(self.run_dir, step)
@@ -478,20 +508,48 @@ class Checkpointer:
                 return step
         return 0
 
-    def _load(self, folder: Path) -> None:
-        state = self._state()
-        dcp_load(state, checkpoint_id=str(folder), process_group=self.group)
+    def _restore_from_memory(self, newest: int, t0: float) -> bool:
+        """After an in-process restart every rank may still hold the staged copy of the newest
+        committed checkpoint: then load it from host memory instead of storage."""
+        held = _IN_MEMORY.get(str(self.run_dir))
+        mine = held is not None and newest > 0 and held.step == newest
+        agreed = mine
+        if self.distributed:
+            flag = torch.tensor([1 if mine else 0])
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+            agreed = bool(flag.item())
+        if not agreed or held is None:
+            return False
+        from torch.distributed._state_dict_utils import _copy_state_dict
+
+        live = self._state()
+        restored = _copy_state_dict(held.state, live, non_blocking=torch.cuda.is_available())
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self._apply(restored, held.extra)
+        self.last_saved = newest
+        self._emit(
+            "checkpoint_restored", step=newest, source="memory", seconds=round(time.monotonic() - t0, 6)
+        )
+        return True
+
+    def _apply(self, state: dict[str, Any], extra: dict[str, Any] | None) -> None:
         if self.optimizer is not None:
             set_state_dict(
                 self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
             )
         else:
             set_state_dict(self.model, [], model_state_dict=state["model"], optim_state_dict={})
-        extra_path = folder / f"extra-rank{self.rank}.pt"
-        if extra_path.is_file():
-            extra = torch.load(extra_path, weights_only=False)
+        if extra is not None:
             _set_rng_state(extra["rng"])
             for key, value in extra["extra"].items():
                 target = self.extra.get(key)
                 if target is not None and hasattr(target, "load_state_dict"):
                     target.load_state_dict(value)
+
+    def _load(self, folder: Path) -> None:
+        state = self._state()
+        dcp_load(state, checkpoint_id=str(folder), process_group=self.group)
+        extra_path = folder / f"extra-rank{self.rank}.pt"
+        extra = torch.load(extra_path, weights_only=False) if extra_path.is_file() else None
+        self._apply(state, extra)
