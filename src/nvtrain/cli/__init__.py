@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from nvtrain import __version__
-from nvtrain.cli import run, schema, validate
+from nvtrain.cli import init, manifest, run, schema, tune_interval, validate
 
 __all__ = ["app", "main"]
 
@@ -47,6 +47,9 @@ def _root(
 app.command("run")(run.command)
 app.command("validate")(validate.command)
 app.command("schema")(schema.command)
+app.command("tune-interval")(tune_interval.command)
+app.command("init")(init.command)
+app.command("manifest")(manifest.command)
 
 
 def main() -> None:

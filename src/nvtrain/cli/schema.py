@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from nvtrain.cli._errors import exit_on_error
+from nvtrain.errors import UsageError
 
 
 @exit_on_error
@@ -24,4 +25,10 @@ def command(
     if output is None:
         typer.echo(text, nl=False)
     else:
-        output.write_text(text, encoding="utf-8")
+        try:
+            output.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(
+                f"cannot write {output}: {exc.strerror or exc}",
+                "give a path in a directory that exists and is writable",
+            ) from None

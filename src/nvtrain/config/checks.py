@@ -96,7 +96,7 @@ def _names(p: Policy) -> Iterator[Finding]:
             name,
             "must be a DNS label: at most 63 lowercase letters, digits and '-', "
             "starting and ending with a letter or digit",
-            f'e.g. name = "{_suggest_label(name)}"',
+            f'e.g. name = "{_suggest_label(name, limit=62 - len(str(p.rendezvous.nodes - 1)))}"',
         )
     elif len(f"{name}-{p.rendezvous.nodes - 1}") > 63:
         yield _f(
@@ -120,7 +120,7 @@ def _names(p: Policy) -> Iterator[Finding]:
             "starting with a letter, at most 63 characters",
             f'e.g. service = "{_suggest_label(service, letter_first=True)}"',
         )
-    if service is None and not _LABEL_1035.match(name):
+    if service is None and _LABEL.match(name) and len(name) <= 63 and not _LABEL_1035.match(name):
         yield _f(
             "error",
             "dns-name",
@@ -156,10 +156,11 @@ def _names(p: Policy) -> Iterator[Finding]:
         )
 
 
-def _suggest_label(text: str, letter_first: bool = False) -> str:
-    label = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:63].strip("-")
+def _suggest_label(text: str, letter_first: bool = False, limit: int = 63) -> str:
+    limit = max(1, min(limit, 63))
+    label = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:limit].strip("-")
     if letter_first and not label[:1].isalpha():
-        label = ("x-" + label)[:63].strip("-")
+        label = ("x-" + label)[:limit].strip("-")
     return label or "my-job"
 
 
@@ -177,7 +178,7 @@ def _sizes(p: Policy) -> Iterator[Finding]:
         )
     world = p.world_size()
     ip = p.restart.in_process
-    if ip.enabled and world is not None and ip.min_world_size > world:
+    if ip.enabled and world is not None and world >= 1 and ip.min_world_size > world:
         yield _f(
             "error",
             "min-world-size",
@@ -307,7 +308,7 @@ def _checkpoint(p: Policy) -> Iterator[Finding]:
             "dir",
             c.dir,
             "must be an absolute path (workers may start in another directory)",
-            f'e.g. dir = "/checkpoints/{p.job.name}"',
+            f'e.g. dir = "/checkpoints/{_suggest_label(p.job.name)}"',
         )
     if c.async_ and c.keep < 2:
         yield _f(

@@ -6,7 +6,7 @@ import dataclasses
 import json
 from typing import Any, Literal
 
-__all__ = ["Finding", "Severity", "has_errors", "toml_value"]
+__all__ = ["Finding", "Severity", "has_errors", "table_label", "toml_value"]
 
 Severity = Literal["error", "warning", "info"]
 _ORDER = {"error": 0, "warning": 1, "info": 2}
@@ -36,13 +36,7 @@ class Finding:
     @property
     def where(self) -> str:
         """``[restart.in_job] max_restarts``, ``[[faults]] #2 rank`` or ``(top level) key``."""
-        head, _, index = self.table.rpartition(".")
-        if head and index.isdigit():
-            table = f"[[{head}]] #{int(index) + 1}"
-        elif self.table:
-            table = f"[{self.table}]"
-        else:
-            table = "(top level)"
+        table = table_label(self.table)
         return f"{table} {self.key}" if self.key else table
 
     def sort_key(self) -> tuple[int, int, str]:
@@ -52,6 +46,14 @@ class Finding:
         data = dataclasses.asdict(self)
         data["where"] = self.where
         return data
+
+
+def table_label(table: str) -> str:
+    """How a dotted table path is written for people: ``[restart.in_job]``, ``[[faults]] #2``."""
+    head, _, index = table.rpartition(".")
+    if head and index.isdigit():
+        return f"[[{head}]] #{int(index) + 1}"
+    return f"[{table}]" if table else "(top level)"
 
 
 def has_errors(findings: list[Finding]) -> bool:

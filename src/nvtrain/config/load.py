@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from nvtrain.config.duration import format_duration, is_duration_field
-from nvtrain.config.findings import Finding, toml_value
+from nvtrain.config.findings import Finding, table_label, toml_value
 from nvtrain.config.locate import Positions, key_positions, lookup
 
 __all__ = ["Parsed", "attach_positions", "parse_model", "read_source", "validate_data"]
@@ -41,12 +41,14 @@ class Parsed(typing.Generic[M]):
     data: dict[str, Any]
 
 
-def read_source(path: Path) -> tuple[bytes | None, Finding | None]:
+def read_source(
+    path: Path, missing_fix: str = "check the path, or run `nvtrain init` to write a starter policy"
+) -> tuple[bytes | None, Finding | None]:
     """The file's bytes, or a finding that says why it cannot be read."""
     try:
         return path.read_bytes(), None
     except FileNotFoundError:
-        rule, fix = "file not found", "check the path, or run `nvtrain init` to write a starter policy"
+        rule, fix = "file not found", missing_fix
     except IsADirectoryError:
         rule, fix = "is a directory, not a file", "give the path of the .toml file inside it"
     except PermissionError:
@@ -138,6 +140,8 @@ def _toml_path(loc: Sequence[str | int], data: Any) -> tuple[str | int, ...]:
                 break
             node = node[part]
         elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            if not isinstance(node[part], dict):  # an element of a plain array: the key is it
+                break
             path.append(part)
             node = node[part]
         else:
@@ -226,7 +230,7 @@ def _finding_for(err: ErrorDetails, data: Any, model: type[BaseModel]) -> Findin
     shown_key = key or table
     if kind == "missing":
         rule = "is required"
-        fix = f"add `{key} = {example or '...'}` to [{table}]" if table else f"add [{key}]"
+        fix = f"add `{key} = {example or '...'}` to {table_label(table)}" if table else f"add [{key}]"
         if key and parent is None:
             fix = f"add `{key} = ...`"
     elif kind == "extra_forbidden":
@@ -260,6 +264,10 @@ def _finding_for(err: ErrorDetails, data: Any, model: type[BaseModel]) -> Findin
     else:
         rule = str(err["msg"]).rstrip(".").lower()
         fix = f"write e.g. `{shown_key} = {example}`" if example else "change the value"
+    loc = list(err["loc"])
+    element = loc[len(path)] if len(loc) > len(path) else None
+    if isinstance(element, int) and kind != "missing":
+        rule = f"element {element + 1} {rule}"  # an element of a plain array
     return Finding("error", kind, table, key, rule, fix, value)
 
 

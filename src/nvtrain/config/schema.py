@@ -194,6 +194,11 @@ class Checkpoint(BaseModel):
     """Save in the background: training is blocked only while the state is copied to host
     memory."""
 
+    in_memory: bool = True
+    """After an in-process restart, restore from the staged copy that async saves keep in host
+    memory when every rank still holds the newest committed checkpoint; `false` always reads
+    storage."""
+
     keep: int = Field(default=3, ge=1)
     """Committed checkpoints to keep; older ones are deleted. At least 2 with `async`, so a
     complete checkpoint survives while the next one is being written."""

@@ -17,15 +17,12 @@ import torch.distributed as dist
 import nvtrain.worker as nw
 
 
-def build(ctx: nw.Context, width: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def build(ctx: nw.Context, width: int, depth: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(32, width),
-        torch.nn.ReLU(),
-        torch.nn.Linear(width, width),
-        torch.nn.ReLU(),
-        torch.nn.Linear(width, 1),
-    ).to(ctx.device)
+    layers: list[torch.nn.Module] = [torch.nn.Linear(32, width), torch.nn.ReLU()]
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 1)).to(ctx.device)
     if ctx.world_size > 1:
         from torch.distributed.fsdp import fully_shard
 
@@ -57,7 +54,7 @@ def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str
 
 
 def main(ctx: nw.Context, args: argparse.Namespace) -> None:
-    model, optimizer = build(ctx, args.width)
+    model, optimizer = build(ctx, args.width, args.depth)
     ctx.checkpointer(model, optimizer)
     print(
         f"DEMO rank {ctx.rank}/{ctx.world_size} starts at step {ctx.start_step + 1} "
@@ -86,6 +83,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m nvtrain.demo")
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--depth", type=int, default=1, help="hidden width x width layers")
     parser.add_argument("--step-time", type=float, default=0.05)
     parser.add_argument("--log-every", type=int, default=20)
     options = parser.parse_args()

@@ -47,13 +47,13 @@ def _node_rank(env: Mapping[str, str], hostname: str, policy: Policy) -> int | N
     for var in ("NVTRAIN_NODE_RANK", "JOB_COMPLETION_INDEX"):
         if env.get(var, "").strip():
             text = env[var].strip()
-            if not text.isdigit():
+            if not (text.isascii() and text.isdecimal()):
                 raise UsageError(
                     f"{var}={text!r} is not a node index",
                     f"set {var} to a number from 0 to {policy.rendezvous.nodes - 1}",
                 )
             return int(text)
-    match = re.fullmatch(rf"{re.escape(policy.job.name)}-(\d+)", hostname.split(".")[0])
+    match = re.fullmatch(rf"{re.escape(policy.job.name)}-([0-9]+)", hostname.split(".")[0])
     return int(match.group(1)) if match else None
 
 

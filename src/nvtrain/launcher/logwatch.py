@@ -10,7 +10,12 @@ __all__ = ["parse_line", "signal_name"]
 
 _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 # 0.4 says UNHEALTHY, 0.6/0.7 say FAILED.
-_RESTART = re.compile(r"Worker group (?:UNHEALTHY|FAILED)\. (\d+)/(\d+) attempts left")
+_RESTART = re.compile(
+    r"Worker group (?:UNHEALTHY|FAILED)\. (\d+)/(\d+) attempts left"
+    r"|(\d+)/(\d+) restart attempts left; restarting"  # the second form: min-healthy (0.4)
+)
+# The rank monitor (one per local rank) names its rank after the host: "RankMonServer<pid>@host:<r>"
+_HANG = re.compile(r"RankMonServer\d+@[^:\]]*:(\d+)\].*Did not get (initial|subsequent) heartbeat")
 _AGENT_ERROR = re.compile(r"Agent run ended with exception,? (.*?)\.? Agent's exit code")
 # 0.4: "joined round N of the rendezvous ..."; 0.6/0.7: "joined the rendezvous ..." (no round)
 _JOINED = re.compile(
@@ -41,11 +46,11 @@ def parse_line(line: str) -> tuple[str, dict[str, Any]] | None:
         }
     match = _RESTART.search(line)
     if match:
-        return "restart_begin", {
-            "layer": "in_job",
-            "attempts_left": int(match.group(1)),
-            "max_restarts": int(match.group(2)),
-        }
+        left, limit = match.group(1, 2) if match.group(1) else match.group(3, 4)
+        return "restart_begin", {"layer": "in_job", "attempts_left": int(left), "max_restarts": int(limit)}
+    match = _HANG.search(line)
+    if match:
+        return "hang_detected", {"local_rank": int(match.group(1)), "heartbeat": match.group(2)}
     match = _AGENT_ERROR.search(line)
     if match:
         return "launcher_error", {"message": match.group(1)[:500]}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -22,7 +23,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from nvtrain.config.schema import Policy
-from nvtrain.errors import ExitCode, UsageError, signal_exit_code
+from nvtrain.errors import ExitCode, NvtrainError, UsageError, signal_exit_code
 from nvtrain.events import EventLog, EventTail
 from nvtrain.launcher.dns import wait_until_resolvable
 from nvtrain.launcher.identity import Identity
@@ -35,6 +36,7 @@ __all__ = ["Outcome", "Reporter", "RunPaths", "prepare", "supervise", "write_sta
 
 TERMINATION_LOG = Path("/dev/termination-log")
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_MAX_TMPDIR = 60
 
 Reporter = Callable[[str, dict[str, Any]], None]
 """Called with (event, fields) for everything the supervisor records; the CLI renders it."""
@@ -114,8 +116,14 @@ class _Watch:
         self.step_at_failure: int | None = None
         self.stalled = 0
         self.escalated: str | None = None
+        self.hangs: set[int] = set()
+        self.same_rank = 0
         self.signum: int | None = None
         self.lock = threading.Lock()
+
+    def stopped(self) -> bool:
+        """A forwarded signal arrived (set from the signal handler at any time)."""
+        return self.signum is not None
 
     def emit(self, event: str, **fields: Any) -> None:
         self.events.emit(event, **fields)
@@ -140,15 +148,27 @@ class _Watch:
                 self._check_progress(fields)
             elif event == "restart_begin":
                 self.restarts += 1
+            elif event == "hang_detected":
+                self.hangs.add(fields["local_rank"])
             elif event == "launcher_error":
                 self.launcher_error = fields["message"]
             self.emit(event, **fields)
 
     def _check_progress(self, failure: dict[str, Any]) -> None:
-        """Escalate when failures repeat at the same step (known from the workers' step
-        events). Without step events progress is unknown, and only the budget applies."""
+        """Escalate when failures repeat without progress: at the same step when the workers
+        report steps (the worker library does), else when the same local rank fails again."""
+        if failure["local_rank"] in self.hangs:
+            failure["hang"] = True
+        previous = self.failures[-2] if len(self.failures) > 1 else None
+        same = previous is not None and previous["local_rank"] == failure["local_rank"]
+        self.same_rank = self.same_rank + 1 if same else 1
         step = self._progress()
         if step is None:
+            if self.same_rank >= self.policy.restart.escalate_after:
+                self.escalated = (
+                    f"local rank {failure['local_rank']} failed {self.same_rank} times in a row "
+                    "(the workers report no steps, so progress is unknown)"
+                )
             return
         self.stalled = self.stalled + 1 if step == self.step_at_failure else 1
         self.step_at_failure = step
@@ -157,6 +177,10 @@ class _Watch:
             self.escalated = (
                 f"{self.stalled} failures in a row at step {step} (last: local rank {failure['local_rank']})"
             )
+
+
+class _Stopped(Exception):
+    """A forwarded signal arrived while no launcher was running (e.g. during the DNS wait)."""
 
 
 def supervise(
@@ -168,16 +192,67 @@ def supervise(
     out: TextIO | None = None,
     report: Reporter | None = None,
 ) -> Outcome:
-    """Run ``plan`` on this node until it ends; returns the exit code and its cause."""
+    """Run ``plan`` on this node until it ends; returns the exit code and its cause.
+
+    A ``DnsTimeout`` (exit 3) is recorded in the events log and the termination log, then
+    raised for the caller to report.
+    """
     out = out or sys.stdout
     write_state(policy, paths)
     events = EventLog(paths.events, node=identity.node_rank, run_id=identity.run_id, source="launcher")
     watch = _Watch(policy, events, report or (lambda event, fields: None))
     watch.emit("launcher_start", argv=plan.argv, endpoint=plan.endpoint, is_host=plan.is_host)
     become_subreaper()
+    env = {**plan.env_defaults, **os.environ, **plan.env}
+    if len(tempfile.gettempdir()) > _MAX_TMPDIR:
+        # NVRx puts its Unix sockets in $TMPDIR; a long path breaks them silently (108 bytes).
+        env["TMPDIR"] = "/tmp"
+    child: list[Child] = []  # the launcher running now, if any
+    waiting = [False]  # True while waiting for DNS: a signal then ends the wait at once
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        if watch.signum is None:
+            watch.signum = signum
+            watch.emit("signal", signal=signal.Signals(signum).name)
+        if child:
+            child[0].send(signal.SIGTERM)
+        elif waiting[0]:
+            raise _Stopped()
+
+    previous = {s: signal.signal(s, on_signal) for s in _FORWARDED}
+    try:
+        code = _loop(plan, policy, watch, env, child, waiting, out)
+    except _Stopped:
+        code = -1
+    except NvtrainError as exc:
+        watch.emit("launcher_exit", exit_code=int(exc.exit_code), cause=str(exc))
+        _write_termination_log(str(exc))
+        raise
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        shutil.rmtree(paths.state_dir, ignore_errors=True)
+    outcome = _outcome(code, watch, policy, identity)
+    watch.emit("launcher_exit", exit_code=outcome.exit_code, cause=outcome.cause)
+    _write_termination_log(outcome.cause)
+    return outcome
+
+
+def _loop(
+    plan: LaunchPlan,
+    policy: Policy,
+    watch: _Watch,
+    env: dict[str, str],
+    child: list[Child],
+    waiting: list[bool],
+    out: TextIO,
+) -> int:
     relaunches = 0
     while True:
+        if watch.stopped():
+            return -1
         if plan.wait_for:
+            waiting[0] = True
             addresses = wait_until_resolvable(
                 plan.wait_for,
                 policy.rendezvous.dns_timeout,
@@ -185,41 +260,32 @@ def supervise(
                     "dns_wait", {"name": plan.wait_for, "error": err, "waited": round(waited)}
                 ),
             )
+            waiting[0] = False
             watch.emit("dns_resolved", name=plan.wait_for, addresses=addresses)
-        code = _run_once(plan, watch, out)
-        if watch.signum is not None or watch.escalated or code == 0:
-            break
+        code = _run_once(plan, watch, env, child, out)
+        if watch.stopped() or watch.escalated or code == 0:
+            return code
         if plan.is_host or watch.launcher_error is None:
-            break
+            return code
         if relaunches >= policy.restart.in_job.max_restarts:
-            break
+            return code
         relaunches += 1
         watch.emit("relaunch", layer="launcher", reason=watch.launcher_error, attempt=relaunches)
         watch.launcher_error = None
-    outcome = _outcome(code, watch, policy, identity)
-    watch.emit("launcher_exit", exit_code=outcome.exit_code, cause=outcome.cause)
-    _write_termination_log(outcome.cause)
-    return outcome
 
 
-def _run_once(plan: LaunchPlan, watch: _Watch, out: TextIO) -> int:
-    child = Child(plan.argv, {**plan.env_defaults, **os.environ, **plan.env}, capture=True)
-    watch.emit("launcher_started", launcher_pid=child.pid)
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        if watch.signum is None:
-            watch.signum = signum
-            watch.emit("signal", signal=signal.Signals(signum).name)
-        child.send(signal.SIGTERM)
-
-    previous = {s: signal.signal(s, on_signal) for s in _FORWARDED}
-    reader = threading.Thread(target=_pump, args=(child, watch, out), daemon=True)
+def _run_once(plan: LaunchPlan, watch: _Watch, env: dict[str, str], child: list[Child], out: TextIO) -> int:
+    launcher = Child(plan.argv, env, capture=True)
+    child[:] = [launcher]
+    watch.emit("launcher_started", launcher_pid=launcher.pid)
+    if watch.signum is not None:  # a signal arrived between the DNS wait and the start
+        launcher.send(signal.SIGTERM)
+    reader = threading.Thread(target=_pump, args=(launcher, watch, out), daemon=True)
     reader.start()
     try:
-        code = _wait(child, watch, plan)
+        code = _wait(launcher, watch, plan)
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        child.clear()
         leftovers = kill_all(timeout=2.0)
         reader.join(timeout=5.0)
     if leftovers:
@@ -273,12 +339,14 @@ def _outcome(code: int, watch: _Watch, policy: Policy, identity: Identity) -> Ou
     if watch.failures:
         first = watch.failures[0]
         how = f"killed by {first['signal']}" if first["signal"] else f"exit code {first['exit_code']}"
+        if first.get("hang"):
+            how += " after its heartbeats stopped (hang detected by the rank monitor)"
         cause = (
             f"workers failed; {watch.restarts}/{budget} in-job restarts used. Root cause "
             f"(first failure): local rank {first['local_rank']} on {where}, {how} (pid "
             f"{first['worker_pid']}); {len(watch.failures)} worker failure(s) in all"
         )
-        if first["signal"] == "SIGKILL":
+        if first["signal"] == "SIGKILL" and not first.get("hang"):
             cause += (
                 ". SIGKILL often means the OOM killer: look for OOMKilled in "
                 f"`kubectl describe pod {identity.hostname}`"

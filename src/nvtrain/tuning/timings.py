@@ -82,7 +82,9 @@ class Timings(BaseModel):
 
 def read_timings(path: Path) -> Parsed[Timings]:
     """Read a timings file (TOML, or JSON when the name ends in ``.json``); never raises."""
-    raw, problem = read_source(path)
+    raw, problem = read_source(
+        path, "check the path; a timings file is written by hand or by `nvtrain tune-interval --json`"
+    )
     if raw is None:
         assert problem is not None
         return Parsed(str(path), None, [problem], {}, {})

@@ -333,23 +333,24 @@ class Checkpointer:
             threading.Thread(
                 target=self._finish, args=(save,), daemon=True, name=f"nvtrain-ckpt-{step}"
             ).start()
-        else:
-            with self._paused():
-                dcp_save(state, checkpoint_id=str(folder), process_group=self.group)
+            self.inflight = save
+            self.last_saved = step
+            return
+        # Sync: the loop waits for the write, the manifests and the commit.
+        with self._paused():
+            dcp_save(state, checkpoint_id=str(folder), process_group=self.group)
             save = _Save(step, folder, None)
-            self._emit(
-                "checkpoint_staged",
-                step=step,
-                blocked_s=round(time.monotonic() - t0, 6),
-                stage_s=round(time.monotonic() - t1, 6),
-                bytes=nbytes,
-            )
-            with self._paused():
-                self._finish(save)
+            self._finish(save)
         self.inflight = save
         self.last_saved = step
-        if not self.policy.async_:
-            self.wait()
+        self.wait()
+        self._emit(
+            "checkpoint_staged",
+            step=step,
+            blocked_s=round(time.monotonic() - t0, 6),
+            stage_s=round(time.monotonic() - t1, 6),
+            bytes=nbytes,
+        )
 
     def _get_stager(self) -> Any:
         if self.stager is None:
@@ -403,6 +404,7 @@ class Checkpointer:
         final = _step_dir(self.run_dir, save.step)
         if final.exists():  # the same step was committed by an earlier attempt: keep it
             shutil.rmtree(save.folder, ignore_errors=True)
+            _IN_MEMORY.pop(str(self.run_dir), None)  # memory now differs from what is committed
         else:
             os.rename(save.folder, final)
             _fsync_dir(self.run_dir)
@@ -477,7 +479,8 @@ class Checkpointer:
     def restore(self) -> int:
         """Load the newest intact committed checkpoint of this run; returns its step (0: none)."""
         t0 = time.monotonic()
-        newest_committed = max(committed_steps(self.run_dir), default=0)
+        steps = self._agreed_steps()
+        newest_committed = max(steps, default=0)
         if self.rank == 0 and self.run_dir.is_dir():
             for entry in sorted(self.run_dir.iterdir()):
                 match = _PARTIAL_DIR.match(entry.name)
@@ -486,7 +489,7 @@ class Checkpointer:
         if self._restore_from_memory(newest_committed, t0):
             return newest_committed
         with self._paused():
-            for step in reversed(committed_steps(self.run_dir)):
+            for step in reversed(steps):
                 folder = _step_dir(self.run_dir, step)
                 problem = self._verify(folder)
                 if not self._all_ok(problem):
@@ -508,10 +511,18 @@ class Checkpointer:
                 return step
         return 0
 
+    def _agreed_steps(self) -> list[int]:
+        """The committed steps as rank 0 sees them, so every rank tries the same list (a
+        commit landing between two ranks' listings would otherwise split them)."""
+        steps = [committed_steps(self.run_dir)]
+        if self.distributed:
+            dist.broadcast_object_list(steps, src=0, group=self.group)
+        return list(steps[0])
+
     def _restore_from_memory(self, newest: int, t0: float) -> bool:
         """After an in-process restart every rank may still hold the staged copy of the newest
         committed checkpoint: then load it from host memory instead of storage."""
-        held = _IN_MEMORY.get(str(self.run_dir))
+        held = _IN_MEMORY.get(str(self.run_dir)) if self.policy.in_memory else None
         mine = held is not None and newest > 0 and held.step == newest
         agreed = mine
         if self.distributed:

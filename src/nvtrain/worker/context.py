@@ -88,7 +88,7 @@ class Context:
     def step_done(self, step: int, **metrics: float) -> None:
         """Call after every optimizer step: heartbeat, progress, checkpoint when due, faults."""
         now = time.monotonic()
-        self.heartbeat.beat()
+        self.heartbeat.step()
         if self._call_wrapper is not None:
             self._call_wrapper.ping()
         saving = self._checkpointer is not None and self._checkpointer.due(step)

@@ -55,7 +55,8 @@ class FaultInjector:
         if kind == "exception":
             raise InjectedFault(f"injected exception at step {step} on rank {rank}")
         if kind == "hang":
-            time.sleep(10**7)  # one long C call: no Python progress, no heartbeats
+            while True:  # stuck in Python: no progress, no heartbeats, but interruptible
+                time.sleep(0.05)
         if kind == "collective_hang":
             import torch
             import torch.distributed as dist

@@ -25,8 +25,13 @@ class Heartbeat:
         self.interval = interval
         self._client: Any = None
         self._lock = threading.Lock()
+        self._startup: threading.Event | None = None
 
-    def start(self) -> None:
+    def start(self, startup_limit: float = 0.0) -> None:
+        """Connect to the rank monitor and send the first heartbeat at once. Then, until the
+        first ``step()`` (at most ``startup_limit`` seconds: the policy's initial timeout),
+        keep beating from a thread, so start-up, model build and restore are judged by the
+        initial timeout, not by the shorter steady-state one."""
         if not self.enabled or self._client is not None:
             return
         from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
@@ -35,6 +40,28 @@ class Heartbeat:
         client.init_workload_monitoring()
         client.send_heartbeat()
         self._client = client
+        if startup_limit > 0:
+            self._startup = threading.Event()
+            threading.Thread(
+                target=self._keep_alive,
+                args=(self._startup, startup_limit),
+                name="nvtrain-heartbeat-startup",
+                daemon=True,
+            ).start()
+
+    def _keep_alive(self, done: threading.Event, limit: float) -> None:
+        waited = 0.0
+        while waited < limit and not done.wait(min(self.interval, limit - waited)):
+            waited += self.interval
+            with contextlib.suppress(Exception):
+                self.beat()
+
+    def step(self) -> None:
+        """A training step finished: beat, and end the start-up keep-alive."""
+        if self._startup is not None:
+            self._startup.set()
+            self._startup = None
+        self.beat()
 
     def beat(self) -> None:
         if self._client is not None:
@@ -42,6 +69,8 @@ class Heartbeat:
                 self._client.send_heartbeat()
 
     def stop(self) -> None:
+        if self._startup is not None:
+            self._startup.set()
         if self._client is not None:
             with contextlib.suppress(Exception):
                 self._client.shutdown_workload_monitoring()
@@ -54,15 +83,9 @@ class Heartbeat:
             yield
             return
         done = threading.Event()
-
-        def keep_alive() -> None:
-            waited = 0.0
-            while waited < limit and not done.wait(min(self.interval, limit - waited)):
-                waited += self.interval
-                with contextlib.suppress(Exception):
-                    self.beat()
-
-        thread = threading.Thread(target=keep_alive, name="nvtrain-heartbeat", daemon=True)
+        thread = threading.Thread(
+            target=self._keep_alive, args=(done, limit), name="nvtrain-heartbeat", daemon=True
+        )
         thread.start()
         try:
             yield

@@ -110,7 +110,7 @@ def run(main: Main) -> Any:
     )
     run_dir = Path(policy.checkpoint.dir) / settings.run_id
     faults = FaultInjector(policy.faults, run_dir / "faults", events)
-    heartbeat.start()
+    heartbeat.start(startup_limit=policy.heartbeat.initial_timeout)
     if events is not None:
         events.emit(
             "worker_start", rank=rank, restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))

@@ -1,0 +1,153 @@
+"""``nvtrain manifest``: Kubernetes objects for a policy (Job or JobSet, Service, NetworkPolicy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from nvtrain.cli._errors import exit_on_error
+from nvtrain.errors import UsageError
+
+_POD = "Pod"
+
+
+def _pairs(flag: str, items: list[str] | None) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{flag} {item!r} is not KEY=VALUE", f"write e.g. {flag} name=value")
+        pairs[key] = value
+    return pairs
+
+
+def _counts(flag: str, items: list[str] | None) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for key, value in _pairs(flag, items).items():
+        if not value.isdigit():
+            raise UsageError(
+                f"{flag} {key}={value!r}: the count is not a whole number", f"e.g. {flag} {key}=1"
+            )
+        counts[key] = int(value)
+    return counts
+
+
+@exit_on_error
+def command(
+    policy: Annotated[Path, typer.Argument(help="Policy file (TOML).", show_default=False)],
+    image: Annotated[
+        str | None,
+        typer.Option("--image", metavar="IMAGE", help="Training image (default: <job name>:latest)."),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", metavar="FILE", help="Write to FILE instead of stdout.")
+    ] = None,
+    gpus: Annotated[
+        int | None,
+        typer.Option(
+            "--gpus",
+            metavar="N",
+            help="GPUs per pod (default: nproc_per_node of the policy; 0 with gloo).",
+            rich_help_panel=_POD,
+        ),
+    ] = None,
+    efa: Annotated[
+        int, typer.Option("--efa", metavar="N", help="AWS EFA devices per pod.", rich_help_panel=_POD)
+    ] = 0,
+    resource: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--resource",
+            metavar="NAME=COUNT",
+            help="Another extended resource per pod, e.g. rdma/hca_shared_devices_a=1 (repeatable).",
+            rich_help_panel=_POD,
+        ),
+    ] = None,
+    cpu: Annotated[
+        str | None, typer.Option("--cpu", metavar="QUANTITY", help="CPU request.", rich_help_panel=_POD)
+    ] = None,
+    memory: Annotated[
+        str | None,
+        typer.Option("--memory", metavar="QUANTITY", help="Memory request and limit.", rich_help_panel=_POD),
+    ] = None,
+    shm_size: Annotated[
+        str,
+        typer.Option(
+            "--shm-size", metavar="QUANTITY", help="Size of /dev/shm (memory).", rich_help_panel=_POD
+        ),
+    ] = "16Gi",
+    checkpoint_pvc: Annotated[
+        str | None,
+        typer.Option(
+            "--checkpoint-pvc",
+            metavar="NAME",
+            help="ReadWriteMany claim mounted at the checkpoint dir (default: <job name>-checkpoints).",
+            rich_help_panel=_POD,
+        ),
+    ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--env",
+            metavar="NAME=VALUE",
+            help="Extra environment variable (repeatable).",
+            rich_help_panel=_POD,
+        ),
+    ] = None,
+    node_selector: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--node-selector",
+            metavar="KEY=VALUE",
+            help="Node label the pods need (repeatable).",
+            rich_help_panel=_POD,
+        ),
+    ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option("--label", metavar="KEY=VALUE", help="Extra label on every object (repeatable)."),
+    ] = None,
+    backoff_limit: Annotated[
+        int,
+        typer.Option("--backoff-limit", metavar="N", help="Pod failures retried (never exit 2 or 4)."),
+    ] = 6,
+    jobset: Annotated[
+        bool, typer.Option("--jobset", help="Render a JobSet (jobset.x-k8s.io/v1alpha2) instead of the Job.")
+    ] = False,
+) -> None:
+    """Render the Kubernetes objects of POLICY as YAML: ConfigMap (the policy), headless Service,
+    NetworkPolicy and an Indexed Job that runs `nvtrain run` on every node.
+
+    Names, namespace, nodes, port, grace period and checkpoint mount come from the policy.
+    Exit 2 on an invalid policy or options.
+    """
+    from nvtrain.templates.manifest import ManifestOptions, manifest_from_file
+
+    options = ManifestOptions(
+        image=image,
+        gpus_per_node=gpus,
+        efa=efa,
+        resources=_counts("--resource", resource),
+        cpu=cpu,
+        memory=memory,
+        checkpoint_pvc=checkpoint_pvc,
+        shm_size=shm_size,
+        backoff_limit=backoff_limit,
+        jobset=jobset,
+        labels=_pairs("--label", label),
+        env=_pairs("--env", env),
+        node_selector=_pairs("--node-selector", node_selector),
+    )
+    rendered = manifest_from_file(policy, options)
+    if output is None:
+        typer.echo(rendered.text, nl=False)
+        return
+    try:
+        output.write_text(rendered.text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {output}: {exc.strerror or exc}", "check the path") from None
+    from nvtrain.cli import _console
+
+    _console.print_manifest_written(str(output), rendered.summary())

@@ -1,0 +1,600 @@
+"""Kubernetes manifests for a policy: plain dicts built by pure functions, dumped by PyYAML.
+
+``nvtrain manifest`` renders, from one validated policy and a few ``ManifestOptions`` that the
+policy does not hold (image, resources, storage), these objects in one multi-document YAML:
+
+- a ConfigMap with the policy file, mounted at ``/etc/nvtrain`` (immutable; its name carries a
+  hash of the text, so a changed policy never reaches the pods of a Job already running);
+- the headless Service that gives pod *i* its DNS name ``<job>-<i>.<service>.<namespace>...``;
+- a NetworkPolicy: the job's pods accept traffic only from pods of the same job;
+- an Indexed ``batch/v1`` Job whose pods run ``nvtrain run /etc/nvtrain/policy.toml``, or, with
+  ``jobset=True``, a ``jobset.x-k8s.io/v1alpha2`` JobSet around the same Job template.
+
+Every value that the policy holds (names, namespace, nodes, port, stop timeout, checkpoint
+directory) is taken from it, so the manifest and the policy cannot disagree. Strings reach the
+YAML only as values that PyYAML quotes; nothing is pasted into YAML text. See
+``docs/kubernetes.md`` for what each object does and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import yaml
+
+from nvtrain.config.schema import Policy
+from nvtrain.errors import ConfigError, ExitCode, UsageError
+
+__all__ = [
+    "CONTAINER",
+    "GRACE_MARGIN",
+    "NEVER_RETRY",
+    "POLICY_FILE",
+    "POLICY_MOUNT",
+    "ManifestOptions",
+    "Rendered",
+    "dump",
+    "grace_period",
+    "manifest_from_file",
+    "render",
+]
+
+CONTAINER = "trainer"
+"""Name of the training container (``podFailurePolicy`` matches its exit codes)."""
+
+POLICY_MOUNT = "/etc/nvtrain"
+POLICY_FILE = "policy.toml"
+
+GRACE_MARGIN = 30
+"""Seconds the pod's grace period adds to ``[job] stop_timeout``. On SIGTERM ``nvtrain run``
+gives ft_launcher and the workers ``stop_timeout`` (ft_launcher's ``--term-timeout``), kills what
+is left 5 s later and writes the termination log; the rest covers process start-up of the
+signal handlers and kubelet latency. Kubernetes SIGKILLs the pod when the grace period ends."""
+
+NEVER_RETRY = (int(ExitCode.USAGE), int(ExitCode.ESCALATED))
+"""Exit codes that fail the Job at once: an invalid policy (2) and escalation (4)."""
+
+JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
+JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+
+_LABEL_NAME = r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)"
+_DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_QUALIFIED = re.compile(rf"^({_DNS_SUBDOMAIN}/)?{_LABEL_NAME}$")
+_LABEL_VALUE = re.compile(rf"^{_LABEL_NAME}?$")
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_FACTOR = {
+    None: 1,
+    "m": 1e-3,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    "E": 1e18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ManifestOptions:
+    """What the manifests need that the policy does not say: the cluster side of the job."""
+
+    image: str | None = None
+    """Training image (built from the starter Dockerfile). Default: ``<job name>:latest``."""
+    gpus_per_node: int | None = None
+    """``nvidia.com/gpu`` per pod. Default: ``[job] nproc_per_node`` when it is a number and
+    the backend is not gloo; 0 for gloo or ``"cpu"``; ``"gpu"`` needs it given."""
+    efa: int = 0
+    """``vpc.amazonaws.com/efa`` devices per pod (AWS); adds the IPC_LOCK capability."""
+    resources: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Other extended resources per pod, e.g. ``{"rdma/hca_shared_devices_a": 1}``; any RDMA
+    resource adds the IPC_LOCK capability."""
+    cpu: str | None = None
+    """CPU request (a Kubernetes quantity such as ``"90"`` or ``"500m"``)."""
+    memory: str | None = None
+    """Memory request and limit (a quantity such as ``"900Gi"``)."""
+    checkpoint_pvc: str | None = None
+    """PersistentVolumeClaim (ReadWriteMany) mounted at ``[checkpoint] dir`` on every pod.
+    Default: ``<job name>-checkpoints``."""
+    shm_size: str = "16Gi"
+    """Size of the memory-backed ``/dev/shm`` (data-loader workers pass batches through it)."""
+    backoff_limit: int = 6
+    """Pod failures the Job retries (exit codes other than 2 and 4) before it fails."""
+    jobset: bool = False
+    """Render a JobSet instead of the Job (and let JobSet create the headless Service)."""
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Extra labels on every object and pod."""
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Extra environment variables of the training container (e.g. NCCL settings)."""
+    node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Node labels the pods must run on (``nodeSelector``)."""
+
+
+def grace_period(policy: Policy) -> int:
+    """``terminationGracePeriodSeconds``: ``[job] stop_timeout`` plus ``GRACE_MARGIN``."""
+    return math.ceil(policy.job.stop_timeout) + GRACE_MARGIN
+
+
+def selector(policy: Policy) -> dict[str, str]:
+    """Labels that pick exactly the pods of this job (Service, NetworkPolicy)."""
+    return {"app.kubernetes.io/name": "nvtrain", "app.kubernetes.io/instance": policy.job.name}
+
+
+def _labels(policy: Policy, options: ManifestOptions) -> dict[str, str]:
+    return {**selector(policy), "app.kubernetes.io/managed-by": "nvtrain", **options.labels}
+
+
+def _meta(name: str, policy: Policy, options: ManifestOptions) -> dict[str, Any]:
+    return {"name": name, "namespace": policy.rendezvous.namespace, "labels": _labels(policy, options)}
+
+
+def policy_configmap_name(policy: Policy, policy_text: str) -> str:
+    digest = hashlib.sha256(policy_text.encode("utf-8")).hexdigest()[:10]
+    return f"{policy.job.name}-policy-{digest}"
+
+
+def configmap(policy: Policy, policy_text: str, options: ManifestOptions) -> dict[str, Any]:
+    """The policy file, as one string value, in an immutable ConfigMap."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(policy_configmap_name(policy, policy_text), policy, options),
+        "immutable": True,
+        "data": {POLICY_FILE: policy_text},
+    }
+
+
+def service(policy: Policy, options: ManifestOptions) -> dict[str, Any]:
+    """The headless Service behind the pods' DNS names; not-ready pods are published too,
+    since peers must find each other before any pod is ready."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(policy.service, policy, options),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector(policy),
+            "ports": [
+                {
+                    "name": "rendezvous",
+                    "port": policy.rendezvous.port,
+                    "targetPort": policy.rendezvous.port,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def network_policy(policy: Policy, options: ManifestOptions) -> dict[str, Any]:
+    """Ingress to the job's pods only from pods of the same job, on every port: the c10d store
+    has no authentication, and collectives and the in-process store use ephemeral ports."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(f"{policy.job.name}-peers", policy, options),
+        "spec": {
+            "podSelector": {"matchLabels": selector(policy)},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": selector(policy)}}]}],
+        },
+    }
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def gpus(policy: Policy, options: ManifestOptions) -> int:
+    """GPUs per pod: given, or one per worker process (none for gloo or "cpu")."""
+    nproc, backend = policy.job.nproc_per_node, policy.job.backend
+    if options.gpus_per_node is not None:
+        count = options.gpus_per_node
+        if count < 0:
+            raise UsageError(f"--gpus {count} is negative", "give 0 or more GPUs per pod")
+        if isinstance(nproc, int) and count > 0 and count != nproc:
+            raise UsageError(
+                f"--gpus {count} disagrees with [job] nproc_per_node = {nproc}: each worker "
+                "process uses one GPU",
+                f'use --gpus {nproc}, or change nproc_per_node to {count} (or to "gpu")',
+            )
+        return count
+    if backend == "gloo" or nproc == "cpu":
+        return 0
+    if nproc == "gpu":
+        raise UsageError(
+            '[job] nproc_per_node = "gpu" does not say how many GPUs each pod needs',
+            "pass --gpus N (the GPUs of one node), or set nproc_per_node to a number",
+        )
+    assert isinstance(nproc, int)
+    return nproc
+
+
+def _check_quantity(flag: str, value: str) -> float:
+    match = _QUANTITY.match(value)
+    if not match:
+        raise UsageError(
+            f"{flag} {value!r} is not a Kubernetes quantity",
+            'write a number with an optional suffix, e.g. "500m", "16", "64Gi" or "900G"',
+        )
+    return float(match.group(1)) * _FACTOR[match.group(3)]
+
+
+def _check_pairs(kind: str, pairs: Mapping[str, str], key: re.Pattern[str], value: re.Pattern[str]) -> None:
+    for k, v in pairs.items():
+        if not key.match(k) or len(k) > 253:
+            raise UsageError(
+                f"{kind} name {k!r} is not valid",
+                "use a Kubernetes qualified name, e.g. example.com/team or team",
+            )
+        if not value.match(v):
+            raise UsageError(
+                f"{kind} {k}={v!r}: the value is not valid",
+                "use at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+            )
+
+
+def _check(policy: Policy, options: ManifestOptions) -> None:
+    image = _image(policy, options)
+    if not image or any(c.isspace() for c in image) or _CONTROL.search(image):
+        raise UsageError(
+            f"--image {image!r} is not an image reference",
+            "give e.g. registry.example.com/team/train:1.0 (no spaces)",
+        )
+    pvc = _pvc(policy, options)
+    if not re.fullmatch(_DNS_SUBDOMAIN, pvc) or len(pvc) > 253:
+        raise UsageError(
+            f"--checkpoint-pvc {pvc!r} is not a PersistentVolumeClaim name",
+            "use lowercase letters, digits, '-' and '.'",
+        )
+    directory = policy.checkpoint.dir
+    if _CONTROL.search(directory):
+        raise UsageError(
+            f"[checkpoint] dir {directory!r} contains control characters (e.g. a newline)",
+            'use a plain absolute path such as "/checkpoints"',
+        )
+    clean = PurePosixPath(directory)
+    policy_mount = PurePosixPath(POLICY_MOUNT)
+    system = [PurePosixPath(p) for p in ("/dev", "/proc", "/sys")]
+    if (
+        ".." in clean.parts
+        or clean == PurePosixPath("/")
+        or any(clean == s or s in clean.parents for s in system)
+        or clean == policy_mount
+        or policy_mount in clean.parents
+        or clean in policy_mount.parents
+    ):
+        raise UsageError(
+            f"[checkpoint] dir {directory!r} cannot be mounted as the checkpoint volume: it is "
+            f"/, contains '..', lies in /dev, /proc or /sys, or overlaps {POLICY_MOUNT}",
+            'use a directory of its own, such as "/checkpoints"',
+        )
+    for flag, count in (("--backoff-limit", options.backoff_limit), ("--efa", options.efa)):
+        if count < 0:
+            raise UsageError(f"{flag} {count} is negative", f"give {flag} 0 or more")
+    shm = _check_quantity("--shm-size", options.shm_size)
+    if options.cpu is not None:
+        _check_quantity("--cpu", options.cpu)
+    if options.memory is not None:
+        memory = _check_quantity("--memory", options.memory)
+        if shm >= memory:
+            raise UsageError(
+                f"--shm-size {options.shm_size} is not below --memory {options.memory}: "
+                "/dev/shm is memory-backed and counts against the pod's memory limit",
+                "lower --shm-size or raise --memory",
+            )
+    for name, count in options.resources.items():
+        if not _QUALIFIED.match(name) or "/" not in name:
+            raise UsageError(
+                f"--resource {name!r} is not an extended resource name",
+                "use a domain-prefixed name such as rdma/hca_shared_devices_a",
+            )
+        if count < 1:
+            raise UsageError(f"--resource {name}={count}: the count must be at least 1")
+    _check_pairs("label", options.labels, _QUALIFIED, _LABEL_VALUE)
+    _check_pairs("node selector", options.node_selector, _QUALIFIED, _LABEL_VALUE)
+    reserved_labels = set(selector(policy)) | {"app.kubernetes.io/managed-by"}
+    clash = sorted(reserved_labels & set(options.labels))
+    if clash:
+        raise UsageError(f"label {clash[0]} is set by nvtrain", "choose another label name")
+    own = {e["name"] for e in _env(policy, options, uid_label=JOB_UID_LABEL, extra=False)}
+    for name in options.env:
+        if not _ENV_NAME.match(name):
+            raise UsageError(f"--env {name!r} is not an environment variable name", "e.g. NCCL_DEBUG")
+        if name in own:
+            raise UsageError(f"--env {name} is set by the manifest itself", "leave it out")
+
+
+def _image(policy: Policy, options: ManifestOptions) -> str:
+    return options.image if options.image is not None else f"{policy.job.name}:latest"
+
+
+def _pvc(policy: Policy, options: ManifestOptions) -> str:
+    return options.checkpoint_pvc or f"{policy.job.name}-checkpoints"
+
+
+def _rdma(options: ManifestOptions) -> bool:
+    return options.efa > 0 or bool(options.resources)
+
+
+def _env(policy: Policy, options: ManifestOptions, *, uid_label: str, extra: bool = True) -> list[Any]:
+    env = [
+        _field_env("POD_IP", "status.podIP"),
+        _field_env("JOB_COMPLETION_INDEX", f"metadata.annotations['{INDEX_ANNOTATION}']"),
+        _field_env("NVTRAIN_RUN_ID", f"metadata.labels['{uid_label}']"),
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    if policy.restart.in_process.enabled and gpus(policy, options) > 0:
+        # NVRx in-process restart needs both (docs/kubernetes.md, "Environment").
+        env += [
+            {"name": "NCCL_NVLS_ENABLE", "value": "0"},
+            {"name": "TORCH_NCCL_RETHROW_CUDA_ERRORS", "value": "0"},
+        ]
+    if extra:
+        env += [{"name": k, "value": v} for k, v in options.env.items()]
+    return env
+
+
+def _resources(policy: Policy, options: ManifestOptions) -> dict[str, Any]:
+    extended: dict[str, int] = {}
+    count = gpus(policy, options)
+    if count:
+        extended["nvidia.com/gpu"] = count
+    if options.efa:
+        extended["vpc.amazonaws.com/efa"] = options.efa
+    extended.update(options.resources)
+    requests: dict[str, Any] = dict(extended)
+    limits: dict[str, Any] = dict(extended)
+    if options.cpu is not None:
+        requests["cpu"] = options.cpu
+    if options.memory is not None:
+        requests["memory"] = limits["memory"] = options.memory
+    resources: dict[str, Any] = {}
+    if requests:
+        resources["requests"] = requests
+    if limits:
+        resources["limits"] = limits
+    return resources
+
+
+def pod_template(
+    policy: Policy, policy_text: str, options: ManifestOptions, *, uid_label: str
+) -> dict[str, Any]:
+    """The pod: ``nvtrain run`` on the mounted policy, with identity, storage and resources."""
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": _image(policy, options),
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["nvtrain", "run", f"{POLICY_MOUNT}/{POLICY_FILE}"],
+        "env": _env(policy, options, uid_label=uid_label),
+        "ports": [{"name": "rendezvous", "containerPort": policy.rendezvous.port, "protocol": "TCP"}],
+    }
+    resources = _resources(policy, options)
+    if resources:
+        container["resources"] = resources
+    container["volumeMounts"] = [
+        {"name": "policy", "mountPath": POLICY_MOUNT, "readOnly": True},
+        {"name": "checkpoints", "mountPath": policy.checkpoint.dir},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    if _rdma(options):
+        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    spec: dict[str, Any] = {
+        "subdomain": policy.service,
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": grace_period(policy),
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "containers": [container],
+        "volumes": [
+            {"name": "policy", "configMap": {"name": policy_configmap_name(policy, policy_text)}},
+            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": _pvc(policy, options)}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}},
+        ],
+    }
+    if options.node_selector:
+        spec["nodeSelector"] = dict(options.node_selector)
+    if gpus(policy, options):
+        spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    return {"metadata": {"labels": _labels(policy, options)}, "spec": spec}
+
+
+def pod_failure_policy() -> dict[str, Any]:
+    """Fail at once on exit 2 and 4; ignore disruptions (preemption, eviction, node drain);
+    every other failure counts against ``backoffLimit`` (the default for unmatched failures)."""
+    return {
+        "rules": [
+            {
+                "action": "FailJob",
+                "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": list(NEVER_RETRY)},
+                # Empty, so unused, but the 1.28 OpenAPI schema marks it required (a spec bug
+                # fixed in 1.29); the API server checks only that one of the two is non-empty.
+                "onPodConditions": [],
+            },
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        ]
+    }
+
+
+def job_spec(policy: Policy, policy_text: str, options: ManifestOptions, *, uid_label: str) -> dict[str, Any]:
+    nodes = policy.rendezvous.nodes
+    return {
+        "completionMode": "Indexed",
+        "completions": nodes,
+        "parallelism": nodes,
+        "backoffLimit": options.backoff_limit,
+        "podFailurePolicy": pod_failure_policy(),
+        "template": pod_template(policy, policy_text, options, uid_label=uid_label),
+    }
+
+
+def job(policy: Policy, policy_text: str, options: ManifestOptions) -> dict[str, Any]:
+    """The Indexed Job: one pod per node, pod *i* named ``<job>-<i>``."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _meta(policy.job.name, policy, options),
+        "spec": job_spec(policy, policy_text, options, uid_label=JOB_UID_LABEL),
+    }
+
+
+def jobset_names(policy: Policy) -> tuple[str, str]:
+    """(JobSet name, replicated job name) whose pods are named ``<job name>-<index>``.
+
+    JobSet names pods ``<jobset>-<replicated job>-<job index>-<pod index>`` and nvtrain dials
+    ``<[job] name>-0``, so the job name must be ``<jobset>-<replicated job>-0``."""
+    name = policy.job.name
+    jobset_name, _, replicated = name.removesuffix("-0").rpartition("-")
+    label = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    if not name.endswith("-0") or not label.match(jobset_name) or not label.match(replicated):
+        raise UsageError(
+            f'--jobset needs [job] name of the form "<jobset>-<replicated job>-0", not "{name}": '
+            "JobSet names its pods <jobset>-<replicated job>-<job index>-<pod index>, and pod 0 "
+            "must be <name>-0",
+            f'set name = "{name}-workers-0" (a JobSet "{name}" with replicated job "workers"), '
+            "or render the plain Job",
+        )
+    return jobset_name, replicated
+
+
+def jobset(policy: Policy, policy_text: str, options: ManifestOptions) -> dict[str, Any]:
+    """A JobSet with one replicated Job (one replica); JobSet creates the headless Service
+    named ``network.subdomain`` itself. Exit codes 2 and 4 fail the JobSet too."""
+    jobset_name, replicated = jobset_names(policy)
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": _meta(jobset_name, policy, options),
+        "spec": {
+            "network": {
+                "enableDNSHostnames": True,
+                "subdomain": policy.service,
+                "publishNotReadyAddresses": True,
+            },
+            "failurePolicy": {
+                "maxRestarts": 0,
+                "rules": [
+                    {
+                        "name": "nvtrainNeverRetry",
+                        "action": "FailJobSet",
+                        "onJobFailureReasons": ["PodFailurePolicy"],
+                    }
+                ],
+            },
+            "replicatedJobs": [
+                {
+                    "name": replicated,
+                    "replicas": 1,
+                    "template": {
+                        "metadata": {"labels": _labels(policy, options)},
+                        "spec": job_spec(policy, policy_text, options, uid_label=JOBSET_UID_LABEL),
+                    },
+                }
+            ],
+        },
+    }
+
+
+def render(policy: Policy, policy_text: str, options: ManifestOptions | None = None) -> list[dict[str, Any]]:
+    """Every object for ``policy`` (whose file text is ``policy_text``), in apply order."""
+    options = options or ManifestOptions()
+    _check(policy, options)
+    objects = [configmap(policy, policy_text, options)]
+    if options.jobset:
+        objects += [network_policy(policy, options), jobset(policy, policy_text, options)]
+    else:
+        objects += [
+            service(policy, options),
+            network_policy(policy, options),
+            job(policy, policy_text, options),
+        ]
+    return objects
+
+
+class _Dumper(yaml.SafeDumper):
+    """SafeDumper that writes multi-line strings as literal blocks, for a readable policy in the
+    ConfigMap. PyYAML itself falls back to a quoted scalar where a block cannot hold the text
+    (e.g. trailing spaces, control characters); the tests check that every string survives."""
+
+
+_LINE_BREAKS = frozenset("\r\x85\u2028\u2029\ufeff")
+"""Characters that YAML reads as line breaks (or, the BOM, drops). PyYAML writes some of them
+raw into plain, single-quoted and block scalars, where they come back as a newline or a
+space (NEL, ``\x85``, does); a double-quoted scalar escapes them."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    if _LINE_BREAKS.intersection(value):
+        style: str | None = '"'
+    elif "\n" in value:
+        style = "|"
+    else:
+        style = None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+HEADER = (
+    "# Rendered by `nvtrain manifest` from the policy in the ConfigMap below.\n"
+    "# Change the policy and render again rather than editing this file.\n"
+)
+
+
+def dump(objects: list[dict[str, Any]]) -> str:
+    """The objects as one multi-document YAML text (quoting by PyYAML, keys in build order)."""
+    body = yaml.dump_all(
+        objects,
+        Dumper=_Dumper,
+        sort_keys=False,
+        explicit_start=True,
+        allow_unicode=True,
+        width=100,
+    )
+    return HEADER + body
+
+
+@dataclasses.dataclass(frozen=True)
+class Rendered:
+    """The objects of one policy and their YAML text."""
+
+    objects: list[dict[str, Any]]
+    text: str
+
+    def summary(self) -> list[tuple[str, str]]:
+        """(kind, name) of every object, in apply order."""
+        return [(str(o["kind"]), str(o["metadata"]["name"])) for o in self.objects]
+
+
+def manifest_from_file(path: Path, options: ManifestOptions | None = None) -> Rendered:
+    """Read and validate the policy at ``path``, then render its manifests.
+
+    Raises ``ConfigError`` when the policy has errors (NVRx-version rules are left to
+    ``nvtrain validate --nvrx``) and ``UsageError`` when the options cannot be rendered."""
+    from nvtrain.config.load import read_source
+    from nvtrain.config.validation import validate_source
+
+    raw, problem = read_source(path)
+    if raw is None:
+        assert problem is not None
+        raise ConfigError(str(path), [problem])
+    result = validate_source(raw, str(path), nvrx=None)
+    if result.policy is None or result.errors:
+        raise ConfigError(result.source, result.findings)
+    objects = render(result.policy, raw.decode("utf-8"), options)
+    return Rendered(objects, dump(objects))

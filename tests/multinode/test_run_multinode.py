@@ -1,0 +1,179 @@
+"""``nvtrain run`` as the entrypoint of several pods: DNS that comes late, pods that die whole and
+come back under the same name with a new address, a peer that never resolves.
+
+Each pod is a network namespace with its own address (``netns_pods.py``); pod names resolve
+through a real dnsmasq. The job is the CPU demo (``nvtrain.demo``) under NVRx's ft_launcher.
+Every test ends within its own budget (below pytest's 120 s timeout) so that a hang shows up as
+a failure with every pod's log, not as a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from netns_pods import Cluster, Pod, policy_toml
+
+pytestmark = pytest.mark.slow
+
+RUN_ID = "mn-run"
+BUDGET = 108.0
+"""Seconds a test may spend before giving up (pytest's timeout is 120 s; teardown needs some)."""
+
+
+@pytest.fixture
+def deadline() -> float:
+    """time.monotonic() by which the test must have its answer."""
+    return time.monotonic() + BUDGET
+
+
+def write_policy(tmp_path: Path, cluster: Cluster, **kwargs: Any) -> tuple[Path, Path]:
+    """(policy path, events path) for a demo job on ``cluster``."""
+    checkpoints = tmp_path / "checkpoints"
+    policy = tmp_path / "policy.toml"
+    policy.write_text(policy_toml(job=cluster.job, checkpoint_dir=checkpoints, **kwargs))
+    return policy, checkpoints / RUN_ID / "events.jsonl"
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return events
+
+
+def events_of(events: list[dict[str, Any]], name: str, node: int | None = None) -> list[dict[str, Any]]:
+    return [e for e in events if e.get("event") == name and (node is None or e.get("node") == node)]
+
+
+def wait_until(predicate: Callable[[], object], deadline: float, what: str, cluster: Cluster) -> None:
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}\n{cluster.describe()}")
+        time.sleep(0.2)
+
+
+def wait_exit(pods: Iterable[Pod], deadline: float) -> dict[int, int | None]:
+    """Exit codes of ``pods`` by index, waiting until ``deadline`` (None: still running)."""
+    pods = list(pods)
+    while time.monotonic() < deadline and any(p.returncode() is None for p in pods):
+        time.sleep(0.2)
+    return {p.index: p.returncode() for p in pods}
+
+
+def all_logs(cluster: Cluster) -> str:
+    return "\n".join(p.log() for p in cluster.history)
+
+
+def finished_ranks(text: str) -> set[int]:
+    return {int(m) for m in re.findall(r"DEMO rank (\d+) finished", text)}
+
+
+def last_step(cluster: Cluster) -> int:
+    steps = re.findall(r"DEMO step (\d+)/", all_logs(cluster))
+    return int(steps[-1]) if steps else 0
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def test_dns_records_appear_late(cluster: Cluster, tmp_path: Path, deadline: float) -> None:
+    """(a) Both pods start before their DNS records exist (as on Kubernetes, where the records of
+    a headless Service come some seconds after the pods): they wait, then train to the end."""
+    nodes, nproc = 2, 2
+    policy, events_path = write_policy(tmp_path, cluster, nodes=nodes, nproc_per_node=nproc, steps=40)
+    pods = [cluster.start_nvtrain(i, policy, run_id=RUN_ID) for i in range(nodes)]
+    time.sleep(5)
+    published = time.time()
+    for pod in pods:
+        cluster.publish(pod)
+
+    codes = wait_exit(pods, deadline)
+    assert codes == {0: 0, 1: 0}, f"exit codes {codes}\n{cluster.describe()}"
+    assert finished_ranks(all_logs(cluster)) == set(range(nodes * nproc)), cluster.describe()
+    events = read_events(events_path)
+    for node in range(nodes):
+        resolved = events_of(events, "dns_resolved", node)
+        assert resolved, f"node {node}: no dns_resolved event in {events_path}"
+        assert resolved[0]["name"] == cluster.pod_name(0)
+        assert resolved[0]["addresses"] == [pods[0].address]
+        done = events_of(events, "rendezvous_done", node)
+        assert done and done[-1]["nodes"] == nodes, f"node {node}: {done}"
+        assert events_of(events, "launcher_exit", node)[-1]["exit_code"] == 0
+    # Pod 0 finds its own name in /etc/hosts (the kubelet writes it there); pod 1 must wait for DNS.
+    assert events_of(events, "dns_resolved", 1)[0]["ts"] >= published - 0.5, "resolved before it existed"
+
+
+def _kill_and_replace_mid_run(
+    cluster: Cluster, tmp_path: Path, deadline: float, victim: int
+) -> tuple[dict[int, int | None], list[dict[str, Any]], float]:
+    """Three pods train; pod ``victim`` dies whole mid-run and comes back under its name with a
+    new address 2 s later. Returns (exit codes of every pod's last incarnation, events, kill time)."""
+    nodes, steps = 3, 60
+    policy, events_path = write_policy(
+        tmp_path, cluster, nodes=nodes, nproc_per_node=1, steps=steps, checkpoint_interval=10
+    )
+    for i in range(nodes):
+        cluster.start_nvtrain(i, policy, run_id=RUN_ID, publish=True)
+    wait_until(lambda: last_step(cluster) >= 20, deadline - 50, "training to reach step 20", cluster)
+    old = cluster.pods[victim]
+    killed_at = time.time()
+    cluster.kill_pod(victim)
+    time.sleep(2)  # the new pod is scheduled; meanwhile its name does not resolve
+    new = cluster.replace_pod(victim, policy, run_id=RUN_ID)
+    assert new.address != old.address and new.fqdn == old.fqdn
+    codes = wait_exit(cluster.pods.values(), deadline)
+    return codes, read_events(events_path), killed_at
+
+
+def test_pod_2_replaced_mid_run(cluster: Cluster, tmp_path: Path, deadline: float) -> None:
+    """(b) Pod 2 (not the rendezvous host) dies whole mid-run; a new pod 2 with a new address
+    joins under the same name; the job completes and every pod exits 0."""
+    codes, events, killed_at = _kill_and_replace_mid_run(cluster, tmp_path, deadline, victim=2)
+    assert codes == {0: 0, 1: 0, 2: 0}, f"exit codes {codes}\n{cluster.describe()}"
+    assert finished_ranks(all_logs(cluster)) == {0, 1, 2}, cluster.describe()
+    # The new pod 2 joined a later rendezvous round of all three nodes.
+    rounds = [e for e in events_of(events, "rendezvous_done") if e["ts"] > killed_at]
+    assert {e["node"] for e in rounds} == {0, 1, 2}, rounds
+    assert all(e["nodes"] == 3 and e["round"] >= 1 for e in rounds), rounds
+
+
+def test_pod_0_replaced_mid_run(cluster: Cluster, tmp_path: Path, deadline: float) -> None:
+    """(c) Pod 0, the rendezvous store's host, dies whole mid-run and comes back with a new
+    address under the same name. Losing pod 0 must not end the job: the survivors re-resolve
+    the name, rejoin the new pod 0's store and the job completes with exit 0 everywhere."""
+    codes, events, killed_at = _kill_and_replace_mid_run(cluster, tmp_path, deadline, victim=0)
+    assert codes == {0: 0, 1: 0, 2: 0}, f"exit codes {codes}\n{cluster.describe()}"
+    assert finished_ranks(all_logs(cluster)) == {0, 1, 2}, cluster.describe()
+    rounds = [e for e in events_of(events, "rendezvous_done") if e["ts"] > killed_at]
+    assert {e["node"] for e in rounds} == {0, 1, 2}, rounds
+    new_pod0 = cluster.pods[0].address
+    resolved = [e for e in events_of(events, "dns_resolved") if e["ts"] > killed_at]
+    assert {e["node"] for e in resolved if e["addresses"] == [new_pod0]} >= {1, 2}, (
+        f"the survivors never re-resolved pod 0's name to its new address {new_pod0}: {resolved}"
+    )
+
+
+def test_peer_never_resolves(cluster: Cluster, tmp_path: Path) -> None:
+    """(d) Pod 0's name never appears in DNS: pod 1 gives up after dns_timeout with exit 3 and
+    a message that names what it waited for."""
+    dns_timeout = 5.0
+    policy, _ = write_policy(tmp_path, cluster, nodes=2, nproc_per_node=1, steps=10, dns_timeout="5s")
+    started = time.monotonic()
+    pod = cluster.start_nvtrain(1, policy, run_id=RUN_ID, publish=True)
+    codes = wait_exit([pod], started + dns_timeout + 15)
+    elapsed = time.monotonic() - started
+    assert codes == {1: 3}, f"exit codes {codes} after {elapsed:.1f}s\n{cluster.describe()}"
+    assert dns_timeout <= elapsed <= dns_timeout + 8, f"exit 3 after {elapsed:.1f}s\n{cluster.describe()}"
+    assert cluster.pod_name(0) in pod.log(), pod.log()
+    assert "ft_launcher" not in pod.log().split("\n", 1)[1], "ft_launcher must not start"

@@ -1,0 +1,278 @@
+"""Helpers for the process tests: real ``nvtrain run`` children, policies, no leftovers.
+
+Every ``nvtrain run`` a test starts gets a unique token in its environment (``NVT_TEST_TOKEN``),
+which ft_launcher, the rank monitors and the workers inherit. The finalizer kills every process
+that still carries the token, whoever its parent is by then, so a failing test leaves nothing
+behind. While a run is alive, a watcher thread records every descendant it sees (pid, start
+time, command line), for the tests that check that none survives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+BIN = Path(__file__).resolve().parent / "bin"
+LAUNCHER_MODULE = "nvidia_resiliency_ext.fault_tolerance.launcher"
+TOKEN_VAR = "NVT_TEST_TOKEN"
+
+# Variables of a Kubernetes pod or a developer shell that would change nvtrain's identity.
+_POD_VARS = ("JOB_COMPLETION_INDEX", "POD_IP", "NVIDIA_VISIBLE_DEVICES")
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (the kernel's pick for port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    raise TypeError(value)
+
+
+def write_policy(directory: Path, tables: dict[str, dict[str, Any]], name: str = "policy.toml") -> Path:
+    """Write ``tables`` (``{"job": {...}, "restart.in_job": {...}}``) as a TOML file."""
+    lines = []
+    for table, keys in tables.items():
+        lines.append(f"[{table}]")
+        lines += [f"{key} = {_toml(value)}" for key, value in keys.items()]
+        lines.append("")
+    path = directory / name
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def make_policy(
+    directory: Path,
+    *,
+    script: str | None = None,
+    module: str | None = None,
+    args: Sequence[str] = (),
+    nproc: int = 2,
+    max_restarts: int = 2,
+    escalate_after: int = 3,
+    stop_timeout: str = "3s",
+    port: int | None = None,
+    rendezvous: dict[str, Any] | None = None,
+    heartbeat: dict[str, Any] | None = None,
+) -> tuple[Path, dict[str, dict[str, Any]]]:
+    """A policy with short timeouts for process tests; returns (path, tables)."""
+    job: dict[str, Any] = {"name": "proc-test"}
+    if script is not None:
+        job["script"] = script
+    if module is not None:
+        job["module"] = module
+    job.update(
+        {
+            "args": list(args),
+            "nproc_per_node": nproc,
+            "stop_timeout": stop_timeout,
+            "collective_timeout": "10s",
+        }
+    )
+    tables: dict[str, dict[str, Any]] = {
+        "job": job,
+        "rendezvous": {"port": port or free_port(), "join_timeout": "30s", **(rendezvous or {})},
+        "heartbeat": {
+            "initial_timeout": "20s",
+            "timeout": "4s",
+            "monitor_interval": "1s",
+            **(heartbeat or {}),
+        },
+        "restart": {"escalate_after": escalate_after},
+        "restart.in_process": {"enabled": False},
+        "restart.in_job": {"max_restarts": max_restarts},
+        "checkpoint": {"dir": str(directory / "ckpt")},
+    }
+    return write_policy(directory, tables), tables
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """The events in ``path`` (a torn last line is skipped); [] when there is no file."""
+    if not path.is_file():
+        return []
+    events = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            record = json.loads(line)
+            if isinstance(record, dict):
+                events.append(record)
+    return events
+
+
+def processes_with_env(name: str, value: str) -> list[psutil.Process]:
+    """Living processes (other than this one) whose environment has ``name=value``, among
+    those whose environment we may read."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.pid == os.getpid():
+                continue
+            if proc.environ().get(name) == value and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+    return found
+
+
+def processes_with_token(token: str) -> list[psutil.Process]:
+    """Living processes started by the ``nvtrain run`` that got ``token``."""
+    return processes_with_env(TOKEN_VAR, token)
+
+
+def alive(pid: int, create_time: float) -> bool:
+    """Whether the process recorded as (pid, create_time) still runs (zombies count as gone)."""
+    try:
+        proc = psutil.Process(pid)
+        return proc.create_time() == create_time and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class Running:
+    """One ``nvtrain run`` child with its output files and the descendants seen so far."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path, out_dir: Path, token: str) -> None:
+        self.argv = argv
+        self.token = token
+        self.stdout_path = out_dir / "nvtrain.stdout"
+        self.stderr_path = out_dir / "nvtrain.stderr"
+        with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
+            self.started = time.monotonic()
+            self.proc = subprocess.Popen(
+                argv, env=env, cwd=cwd, stdout=out, stderr=err, start_new_session=True
+            )
+        self.pid = self.proc.pid
+        self.seen: dict[tuple[int, float], list[str]] = {}
+        self._stop = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set() and self.proc.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(self.pid).children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        key = (child.pid, child.create_time())
+                        if key not in self.seen:
+                            self.seen[key] = child.cmdline()
+            self._stop.wait(0.1)
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_path.read_text(encoding="utf-8", errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(encoding="utf-8", errors="replace")
+
+    def describe(self) -> str:
+        return (
+            f"$ {' '.join(self.argv)}\n--- stderr ---\n{self.stderr[-4000:]}\n"
+            f"--- stdout (tail) ---\n{self.stdout[-6000:]}"
+        )
+
+    def wait(self, timeout: float) -> int:
+        """Exit code, or a test failure (with the output) if it runs longer than ``timeout``."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"nvtrain still running after {timeout:.0f}s\n{self.describe()}")
+        self._stop.set()
+        self._watcher.join(timeout=2)
+        return code
+
+    def wait_for_stdout(self, pattern: str, count: int = 1, timeout: float = 60.0) -> list[re.Match[str]]:
+        """Wait until ``pattern`` matched ``count`` lines of stdout; fail if nvtrain ends first."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while True:
+            matches = [m for line in self.stdout.splitlines() if (m := regex.search(line))]
+            if len(matches) >= count:
+                return matches
+            if self.proc.poll() is not None:
+                pytest.fail(f"nvtrain exited ({self.proc.returncode}) before {pattern!r}\n{self.describe()}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"no {count} x {pattern!r} within {timeout:.0f}s\n{self.describe()}")
+            time.sleep(0.1)
+
+    def launcher_seen(self) -> bool:
+        """Whether an ft_launcher process was ever seen among the descendants."""
+        return any(LAUNCHER_MODULE in " ".join(cmd) for cmd in self.seen.values())
+
+    def cleanup(self) -> None:
+        self._stop.set()
+        targets: dict[int, psutil.Process] = {}
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(self.pid).children(recursive=True):
+                targets[child.pid] = child
+        for pid, create_time in self.seen:
+            if alive(pid, create_time):
+                with contextlib.suppress(psutil.Error):
+                    targets[pid] = psutil.Process(pid)
+        for proc in processes_with_token(self.token):
+            targets[proc.pid] = proc
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        for proc in targets.values():
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        psutil.wait_procs(list(targets.values()), timeout=5)
+
+
+class NvtrainRunner:
+    """Starts ``python -m nvtrain run ...`` in ``tmp_path`` with a private, short TMPDIR."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        # ft_launcher puts Unix sockets in $TMPDIR (path limit 107 bytes): keep it short.
+        self.tmpdir = Path(tempfile.mkdtemp(prefix="nvt-"))
+        self.runs: list[Running] = []
+
+    def env(self, token: str, extra: dict[str, str] | None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in _POD_VARS}
+        env.update({"TMPDIR": str(self.tmpdir), TOKEN_VAR: token, "PYTHONUNBUFFERED": "1"})
+        env.update(extra or {})
+        return env
+
+    def start(self, *args: str, env: dict[str, str] | None = None) -> Running:
+        token = uuid.uuid4().hex
+        out_dir = self.tmp_path / f"run{len(self.runs)}"
+        out_dir.mkdir()
+        argv = [sys.executable, "-m", "nvtrain", "run", *args]
+        running = Running(argv, self.env(token, env), self.tmp_path, out_dir, token)
+        self.runs.append(running)
+        return running
+
+    def close(self) -> None:
+        for running in self.runs:
+            running.cleanup()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)

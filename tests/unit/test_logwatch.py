@@ -1,0 +1,138 @@
+"""ft_launcher log lines -> events. Every line here was copied from a real NVRx 0.4.1 run
+(torch 2.13 CPU, gloo, 2 ranks) of ``nvtrain run``; only the dates say when."""
+
+from __future__ import annotations
+
+import pytest
+
+from nvtrain.launcher.logwatch import parse_line, signal_name
+
+# A worker SIGKILLed by itself (or by its rank monitor after a missed heartbeat).
+SIGKILLED = (
+    "[2026-11-29 10:23:33,190] [ERROR] [ft_launcher9108@vm] failed (exitcode: -9) local_rank: 1 "
+    "(pid: 9117) of binary: /tmp/venv1/bin/python"
+)
+EXITED_3 = (
+    "[2026-11-29 10:24:14,414] [ERROR] [ft_launcher9527@vm] failed (exitcode: 3) local_rank: 1 "
+    "(pid: 9546) of binary: /tmp/venv1/bin/python"
+)
+# One rank failed while the other was still running.
+UNHEALTHY = (
+    "[2026-11-29 10:23:33,190] [INFO] [ft_launcher9108@vm] [default] Worker group UNHEALTHY. "
+    "2/2 attempts left; will restart worker group"
+)
+# Every local rank had failed by ft_launcher's poll (here: both ranks exited with code 2).
+FAILED_GROUP = (
+    "[2026-11-29 10:21:23,109] [INFO] [ft_launcher7559@vm] [default] Worker group FAILED. "
+    "2/2 attempts left; will restart worker group"
+)
+# [restart.in_job] policy = "min-healthy" (NVRx 0.4 only) logs its restarts differently.
+MIN_HEALTHY_RESTART = (
+    "[2026-11-29 10:26:55,022] [INFO] [ft_launcher11602@vm] 1/1 restart attempts left; "
+    "restarting worker group..."
+)
+JOINED = (
+    "[2026-11-29 10:23:33,685] [INFO] [ft_launcher9108@vm] The node 'localhost_9108_0' has joined "
+    "round 1 of the rendezvous 'b1' as rank 0 in a world of size 1."
+)
+AGENT_ERROR = (
+    "[2026-11-29 10:21:12,004] [ERROR] [ft_launcher7418@vm] Agent run ended with exception, "
+    "e=RendezvousConnectionError('The connection to the C10d store has failed. See inner exception "
+    "for details.'). Agent's exit code = 1"
+)
+IGNORED = [
+    "[2026-11-29 10:23:33,190] [INFO] [ft_launcher9108@vm] Stopping workers... Timeout = 3.0 sec.",
+    "[2026-11-29 10:23:51,003] [WARNING] [RankMonServer9210@vm:1] FT timeout elapsed.",
+    "[2026-11-29 10:24:14,432] [WARNING] [ft_launcher9527@vm] Sending process 9545 closing signal SIGTERM",
+    "[2026-11-29 10:23:30,007] [INFO] [ft_launcher9108@vm] The node 'localhost_9108_0' attempts to join "
+    "the next round of the rendezvous 'b1'.",
+    "[2026-11-29 10:21:53,171] [INFO] [ft_launcher7714@vm] [default] worker group successfully finished. "
+    "Waiting 300 seconds for other agents to finish.",
+    "[2026-11-29 10:21:53,288] [INFO] [ft_launcher7714@vm] Agent exits with exit code = 0.",
+    "[2026-11-29 10:24:17,697] [ERROR] [ft_launcher9527@vm] Some rank(s) exited with non-zero exit code: "
+    "{1: ProcessFailure(local_rank=1, pid=9559, exitcode=3, error_file='<N/A>', error_file_data="
+    "{'message': '<NONE>'}, message='To enable traceback see: https://pytorch.org/docs/stable/elastic/"
+    "errors.html', timestamp=1795947857)}",
+    "DEMO rank 0/2 started (restart 0, pid 7789)",
+    "",
+]
+
+
+def test_sigkilled_worker() -> None:
+    assert parse_line(SIGKILLED) == (
+        "worker_failed",
+        {"local_rank": 1, "worker_pid": 9117, "exit_code": -9, "signal": "SIGKILL"},
+    )
+
+
+def test_worker_exit_code() -> None:
+    assert parse_line(EXITED_3) == (
+        "worker_failed",
+        {"local_rank": 1, "worker_pid": 9546, "exit_code": 3, "signal": None},
+    )
+
+
+def test_restart_of_an_unhealthy_group() -> None:
+    assert parse_line(UNHEALTHY) == (
+        "restart_begin",
+        {"layer": "in_job", "attempts_left": 2, "max_restarts": 2},
+    )
+
+
+def test_restart_of_a_failed_group() -> None:
+    # ft_launcher says FAILED instead of UNHEALTHY when every local rank had died by its poll
+    # (common with gloo: a dead peer makes the others' next collective fail at once). It restarts
+    # the group all the same, so this is a restart too.
+    assert parse_line(FAILED_GROUP) == (
+        "restart_begin",
+        {"layer": "in_job", "attempts_left": 2, "max_restarts": 2},
+    )
+
+
+def test_restart_under_min_healthy() -> None:
+    parsed = parse_line(MIN_HEALTHY_RESTART)
+    assert parsed is not None and parsed[0] == "restart_begin"
+    assert parsed[1]["attempts_left"] == 1 and parsed[1]["max_restarts"] == 1
+
+
+def test_rendezvous_joined() -> None:
+    assert parse_line(JOINED) == ("rendezvous_done", {"round": 1, "group_rank": 0, "nodes": 1})
+
+
+def test_agent_error() -> None:
+    parsed = parse_line(AGENT_ERROR)
+    assert parsed is not None and parsed[0] == "launcher_error"
+    assert parsed[1]["message"].startswith("e=RendezvousConnectionError('The connection to the C10d store")
+
+
+HANG = (
+    "[2026-11-29 10:23:51,003] [WARNING] [RankMonServer9210@vm:1] Did not get subsequent heartbeat. "
+    "Waited 4.00 seconds."
+)
+
+
+def test_hang_detected_by_the_rank_monitor() -> None:
+    assert parse_line(HANG) == ("hang_detected", {"local_rank": 1, "heartbeat": "subsequent"})
+    initial = HANG.replace("subsequent", "initial").replace("vm:1", "vm:0")
+    assert parse_line(initial) == ("hang_detected", {"local_rank": 0, "heartbeat": "initial"})
+
+
+@pytest.mark.parametrize("line", IGNORED)
+def test_other_lines_are_ignored(line: str) -> None:
+    assert parse_line(line) is None
+
+
+@pytest.mark.parametrize(
+    ("code", "name"),
+    [
+        (-9, "SIGKILL"),
+        (-15, "SIGTERM"),
+        (-6, "SIGABRT"),
+        (0, None),
+        (1, None),
+        (137, None),
+        (-99, "signal 99"),
+    ],
+)
+def test_signal_name(code: int, name: str | None) -> None:
+    assert signal_name(code) == name

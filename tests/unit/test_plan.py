@@ -1,0 +1,398 @@
+"""The ft_launcher plan per NVRx version: exact argv and environment, checked by hand.
+
+The expected command lines below are written out in full from docs/nvrx.md sections 2-3, not
+computed: NVRx 0.4 takes ``--ft-restart-policy`` and needs ``--ft-enable-nic-monitor=false``
+without InfiniBand; 0.6 and 0.7 have neither, check NIC link state and reclaim GPU memory unless
+told not to, and take ``store_connect_wait_seconds`` in ``--rdzv-conf``.
+
+``plan.to_dict()`` is also compared with golden files under tests/golden/dryrun/ (what
+``nvtrain run --dry-run`` prints). Regenerate them after an intended change with::
+
+    NVTRAIN_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_plan.py
+
+and read the diff before committing it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nvtrain.config.schema import Policy
+from nvtrain.launcher.identity import Identity
+from nvtrain.launcher.plan import LAUNCHER_MODULE, LaunchPlan, build_plan
+from nvtrain.nvrx import NvrxVersion
+
+GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "dryrun"
+# Read at import: the autouse fixture in tests/conftest.py removes NVTRAIN_* before each test.
+UPDATE = os.environ.get("NVTRAIN_UPDATE_GOLDEN") == "1"
+
+V041, V060, V070 = (NvrxVersion.parse(v) for v in ("0.4.1", "0.6.0", "0.7.0"))
+RUN_ID = "llm-train-20260101-000000-abc123"
+POLICY_PATH = "/tmp/nvtrain-llm-train-20260101-000000-abc123-node0/policy.json"
+EVENTS_PATH = "/checkpoints/llm-train/llm-train-20260101-000000-abc123/events.jsonl"
+
+
+def standalone_policy(**job: Any) -> Policy:
+    return Policy.model_validate(
+        {
+            "job": {
+                "name": "llm-train",
+                "script": "train.py",
+                "nproc_per_node": 2,
+                "args": ["--lr", "0.1"],
+                "stop_timeout": "90s",
+                **job,
+            },
+            "rendezvous": {"port": 29511, "join_timeout": "2m30s"},
+            "heartbeat": {"initial_timeout": "20m", "timeout": "5m", "monitor_interval": "5s"},
+            "restart": {"in_job": {"max_restarts": 4}},
+            "checkpoint": {"dir": "/checkpoints/llm-train"},
+        }
+    )
+
+
+def multinode_policy(**rendezvous: Any) -> Policy:
+    return Policy.model_validate(
+        {
+            "job": {
+                "name": "llm-train",
+                "module": "mypkg.train",
+                "nproc_per_node": 8,
+                "stop_timeout": 10,
+                "args": ["--config", "big.yaml"],
+            },
+            "rendezvous": {
+                "nodes": 4,
+                "min_nodes": 3,
+                "service": "llm-svc",
+                "namespace": "research",
+                "cluster_domain": "cluster.example",
+                "port": 29600,
+                "join_timeout": 90.5,
+                **rendezvous,
+            },
+            "heartbeat": {"initial_timeout": "10m", "timeout": "2m", "monitor_interval": "500ms"},
+            "restart": {"in_job": {"max_restarts": 2}},
+            "checkpoint": {"dir": "/checkpoints/llm-train"},
+        }
+    )
+
+
+def standalone_identity(**changes: Any) -> Identity:
+    fields: dict[str, Any] = {
+        "node_rank": 0,
+        "standalone": True,
+        "address": None,
+        "hostname": "workstation",
+        "run_id": RUN_ID,
+        "has_gpu": False,
+        "has_infiniband": False,
+    }
+    return Identity(**{**fields, **changes})
+
+
+def node_identity(rank: int, **changes: Any) -> Identity:
+    fields: dict[str, Any] = {
+        "node_rank": rank,
+        "standalone": False,
+        "address": f"10.0.0.{10 + rank}",
+        "hostname": f"llm-train-{rank}",
+        "run_id": RUN_ID,
+        "has_gpu": True,
+        "has_infiniband": True,
+    }
+    return Identity(**{**fields, **changes})
+
+
+def plan_for(
+    policy: Policy, identity: Identity, nvrx: NvrxVersion, extra_args: tuple[str, ...] = ()
+) -> LaunchPlan:
+    return build_plan(
+        policy,
+        identity,
+        nvrx,
+        python="python3",
+        policy_path=POLICY_PATH,
+        events_path=EVENTS_PATH,
+        extra_args=extra_args,
+    )
+
+
+# Shared by every standalone plan: 1 node, localhost, this run id, the policy's timings.
+STANDALONE_HEAD = [
+    "python3",
+    "-m",
+    "nvidia_resiliency_ext.fault_tolerance.launcher",
+    "--nnodes=1:1",
+    "--nproc-per-node=2",
+    "--rdzv-backend=c10d",
+    "--rdzv-endpoint=127.0.0.1:29511",
+    f"--rdzv-id={RUN_ID}",
+]
+STANDALONE_TIMINGS = [
+    "--max-restarts=4",
+    "--monitor-interval=1",  # ft_launcher polls at most every second, whatever the monitors do
+    "--term-timeout=90",
+    "--workers-stop-timeout=15",  # capped at 15 s
+    "--ft-initial-rank-heartbeat-timeout=1200",
+    "--ft-rank-heartbeat-timeout=300",
+    "--ft-workload-check-interval=5",
+]
+
+
+def test_launcher_module_is_nvrx_ft_launcher() -> None:
+    assert LAUNCHER_MODULE == "nvidia_resiliency_ext.fault_tolerance.launcher"
+
+
+def test_standalone_nvrx_0_4() -> None:
+    plan = plan_for(standalone_policy(), standalone_identity(), V041)
+    assert plan.argv == [
+        *STANDALONE_HEAD,
+        "--rdzv-conf=is_host=1,join_timeout=150",
+        *STANDALONE_TIMINGS,
+        "--ft-restart-policy=any-failed",
+        "--ft-enable-nic-monitor=false",
+        "train.py",
+        "--lr",
+        "0.1",
+    ]
+    assert plan.env == {
+        "NVTRAIN_POLICY": POLICY_PATH,
+        "NVTRAIN_RUN_ID": RUN_ID,
+        "NVTRAIN_EVENTS": EVENTS_PATH,
+        "NVTRAIN_NODE_RANK": "0",
+        "GROUP_RANK": "0",
+    }
+    assert plan.endpoint == "127.0.0.1:29511"
+    assert plan.is_host is True
+    assert plan.wait_for is None
+    assert plan.stop_timeout == 90.0
+
+
+@pytest.mark.parametrize("nvrx", [V060, V070], ids=str)
+def test_standalone_nvrx_0_6_and_later(nvrx: NvrxVersion) -> None:
+    plan = plan_for(standalone_policy(), standalone_identity(), nvrx)
+    assert plan.argv == [
+        *STANDALONE_HEAD,
+        "--rdzv-conf=is_host=1,join_timeout=150,store_connect_wait_seconds=150",
+        *STANDALONE_TIMINGS,
+        "--ft-enable-nic-healthcheck=false",
+        "--ft-gpu-memory-reclaim-timeout=0",
+        "train.py",
+        "--lr",
+        "0.1",
+    ]
+    assert not any(a.startswith(("--ft-restart-policy", "--ft-enable-nic-monitor")) for a in plan.argv)
+
+
+@pytest.mark.parametrize("nvrx", [V041, V060, V070], ids=str)
+def test_standalone_never_publishes_an_address(nvrx: NvrxVersion) -> None:
+    plan = plan_for(standalone_policy(), standalone_identity(), nvrx)
+    assert not any(a.startswith("--local-addr") for a in plan.argv)
+
+
+def test_multinode_node0_nvrx_0_4_hosts_the_store() -> None:
+    plan = plan_for(multinode_policy(), node_identity(0), V041)
+    pod0 = "llm-train-0.llm-svc.research.svc.cluster.example"
+    assert plan.argv == [
+        "python3",
+        "-m",
+        "nvidia_resiliency_ext.fault_tolerance.launcher",
+        "--nnodes=3:4",
+        "--nproc-per-node=8",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={pod0}:29600",
+        f"--rdzv-id={RUN_ID}",
+        "--rdzv-conf=is_host=1,join_timeout=91",  # 90.5 s rounded up
+        "--max-restarts=2",
+        "--monitor-interval=0.5",
+        "--term-timeout=10",
+        "--workers-stop-timeout=10",
+        "--local-addr=10.0.0.10",
+        "--ft-initial-rank-heartbeat-timeout=600",
+        "--ft-rank-heartbeat-timeout=120",
+        "--ft-workload-check-interval=0.5",
+        "--ft-restart-policy=any-failed",
+        # InfiniBand present: the NIC monitor stays on (no --ft-enable-nic-monitor=false)
+        "-m",
+        "mypkg.train",
+        "--config",
+        "big.yaml",
+    ]
+    assert plan.env["NVTRAIN_NODE_RANK"] == plan.env["GROUP_RANK"] == "0"
+    assert plan.is_host is True
+    assert plan.endpoint == f"{pod0}:29600"
+    assert plan.wait_for == pod0
+
+
+@pytest.mark.parametrize("nvrx", [V060, V070], ids=str)
+def test_multinode_node2_nvrx_0_6_and_later(nvrx: NvrxVersion) -> None:
+    plan = plan_for(multinode_policy(), node_identity(2), nvrx)
+    pod0 = "llm-train-0.llm-svc.research.svc.cluster.example"
+    assert plan.argv == [
+        "python3",
+        "-m",
+        "nvidia_resiliency_ext.fault_tolerance.launcher",
+        "--nnodes=3:4",
+        "--nproc-per-node=8",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={pod0}:29600",
+        f"--rdzv-id={RUN_ID}",
+        "--rdzv-conf=is_host=0,join_timeout=91,store_connect_wait_seconds=91",
+        "--max-restarts=2",
+        "--monitor-interval=0.5",
+        "--term-timeout=10",
+        "--workers-stop-timeout=10",
+        "--local-addr=10.0.0.12",
+        "--ft-initial-rank-heartbeat-timeout=600",
+        "--ft-rank-heartbeat-timeout=120",
+        "--ft-workload-check-interval=0.5",
+        # InfiniBand and a GPU: NIC health check and GPU memory reclaim stay on
+        "-m",
+        "mypkg.train",
+        "--config",
+        "big.yaml",
+    ]
+    assert plan.env == {
+        "NVTRAIN_POLICY": POLICY_PATH,
+        "NVTRAIN_RUN_ID": RUN_ID,
+        "NVTRAIN_EVENTS": EVENTS_PATH,
+        "NVTRAIN_NODE_RANK": "2",
+        "GROUP_RANK": "2",
+    }
+    assert plan.is_host is False
+    assert plan.wait_for == pod0  # every node, pod 0 included, waits for pod 0's name
+
+
+@pytest.mark.parametrize("rank", [0, 1, 3])
+def test_is_host_only_on_node_0(rank: int) -> None:
+    for nvrx in (V041, V060, V070):
+        plan = plan_for(multinode_policy(), node_identity(rank), nvrx)
+        conf = next(a for a in plan.argv if a.startswith("--rdzv-conf="))
+        assert conf.split("=", 1)[1].split(",")[0] == f"is_host={int(rank == 0)}"
+        assert plan.is_host is (rank == 0)
+
+
+def test_nnodes_is_min_colon_max() -> None:
+    fixed = plan_for(multinode_policy(min_nodes=None), node_identity(1), V070)
+    assert "--nnodes=4:4" in fixed.argv
+    elastic = plan_for(multinode_policy(min_nodes=1), node_identity(1), V041)
+    assert "--nnodes=1:4" in elastic.argv
+
+
+def test_local_addr_only_when_the_address_is_known() -> None:
+    plan = plan_for(multinode_policy(), node_identity(1, address=None), V041)
+    assert not any(a.startswith("--local-addr") for a in plan.argv)
+    plan = plan_for(multinode_policy(), node_identity(1, address="fd00::7"), V041)
+    assert "--local-addr=fd00::7" in plan.argv
+
+
+@pytest.mark.parametrize(
+    ("nvrx", "has_ib", "has_gpu", "expected"),
+    [
+        (V041, False, False, ["--ft-restart-policy=any-failed", "--ft-enable-nic-monitor=false"]),
+        (V041, False, True, ["--ft-restart-policy=any-failed", "--ft-enable-nic-monitor=false"]),
+        (V041, True, False, ["--ft-restart-policy=any-failed"]),
+        (V041, True, True, ["--ft-restart-policy=any-failed"]),
+        (V060, False, False, ["--ft-enable-nic-healthcheck=false", "--ft-gpu-memory-reclaim-timeout=0"]),
+        (V060, True, False, ["--ft-gpu-memory-reclaim-timeout=0"]),
+        (V060, False, True, ["--ft-enable-nic-healthcheck=false"]),
+        (V070, True, True, []),
+    ],
+)
+def test_hardware_dependent_flags(
+    nvrx: NvrxVersion, has_ib: bool, has_gpu: bool, expected: list[str]
+) -> None:
+    plan = plan_for(multinode_policy(), node_identity(1, has_infiniband=has_ib, has_gpu=has_gpu), nvrx)
+    start = plan.argv.index("--ft-workload-check-interval=0.5") + 1
+    assert plan.argv[start : plan.argv.index("-m", start)] == expected
+
+
+def test_min_healthy_is_passed_to_nvrx_0_4() -> None:
+    data = standalone_policy().model_dump(by_alias=True)
+    data["restart"]["in_job"]["policy"] = "min-healthy"
+    policy = Policy.model_validate(data)
+    assert "--ft-restart-policy=min-healthy" in plan_for(policy, standalone_identity(), V041).argv
+
+
+def test_module_vs_script_and_extra_args_last() -> None:
+    by_script = plan_for(standalone_policy(), standalone_identity(), V041, extra_args=("--seed", "7"))
+    assert by_script.argv[-5:] == ["train.py", "--lr", "0.1", "--seed", "7"]
+    assert "-m" not in by_script.argv[3:]
+    by_module = plan_for(
+        standalone_policy(script=None, module="mypkg.train", args=[]),
+        standalone_identity(),
+        V060,
+        extra_args=("--seed", "7"),
+    )
+    assert by_module.argv[-4:] == ["-m", "mypkg.train", "--seed", "7"]
+    # the only "-m" after the launcher module is the one naming the training module
+    assert by_module.argv[3:].count("-m") == 1
+
+
+def test_fractional_and_long_durations() -> None:
+    policy = standalone_policy(stop_timeout="2.5s")
+    plan = plan_for(policy, standalone_identity(), V041)
+    assert "--term-timeout=2.5" in plan.argv
+    assert "--workers-stop-timeout=2.5" in plan.argv
+    assert plan.stop_timeout == 2.5
+
+
+def test_shell_line_quotes_and_puts_env_first() -> None:
+    plan = plan_for(standalone_policy(args=["--name", "two words"]), standalone_identity(), V041)
+    line = plan.shell()
+    assert line.startswith(f"GROUP_RANK=0 NVTRAIN_EVENTS={EVENTS_PATH} ")
+    assert line.endswith("train.py --name 'two words'")
+    assert "python3 -m nvidia_resiliency_ext.fault_tolerance.launcher --nnodes=1:1" in line
+
+
+# Golden files: what `nvtrain run --dry-run` prints, for each version and node layout.
+GOLDEN_CASES = {
+    "standalone_nvrx_0_4_1": (standalone_policy, lambda: standalone_identity(), V041),
+    "standalone_nvrx_0_6_0": (standalone_policy, lambda: standalone_identity(), V060),
+    "standalone_nvrx_0_7_0": (standalone_policy, lambda: standalone_identity(), V070),
+    "multinode_node0_nvrx_0_4_1": (multinode_policy, lambda: node_identity(0), V041),
+    "multinode_node1_nvrx_0_6_0": (
+        multinode_policy,
+        lambda: node_identity(1, has_gpu=False, has_infiniband=False),
+        V060,
+    ),
+    "multinode_node3_nvrx_0_7_0": (multinode_policy, lambda: node_identity(3, address=None), V070),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_CASES))
+def test_dry_run_golden(name: str) -> None:
+    make_policy, make_identity, nvrx = GOLDEN_CASES[name]
+    plan = plan_for(make_policy(), make_identity(), nvrx)
+    actual = json.loads(json.dumps(plan.to_dict()))
+    target = GOLDEN / f"{name}.json"
+    if UPDATE:
+        GOLDEN.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(actual, indent=2) + "\n", encoding="utf-8")
+    assert target.is_file(), f"{target} is missing: run with NVTRAIN_UPDATE_GOLDEN=1 to create it"
+    assert actual == json.loads(target.read_text(encoding="utf-8"))
+
+
+def test_golden_files_have_no_strays() -> None:
+    on_disk = {p.stem for p in GOLDEN.glob("*.json")}
+    assert on_disk == set(GOLDEN_CASES), "delete golden files whose case is gone"
+
+
+def test_nvrx_version_properties() -> None:
+    assert NvrxVersion.parse("0.4.1") == NvrxVersion(0, 4, 1)
+    assert NvrxVersion.parse("v0.7") == NvrxVersion(0, 7, 0)
+    assert NvrxVersion.parse("0.6.0rc1") == NvrxVersion(0, 6, 0)
+    assert (V041.supports_min_healthy, V060.supports_min_healthy, V070.supports_min_healthy) == (
+        True,
+        False,
+        False,
+    )
+    assert (V041.barrier_rendezvous, V060.barrier_rendezvous) == (False, True)
+    with pytest.raises(ValueError, match="not an NVRx version"):
+        NvrxVersion.parse("latest")

@@ -1,0 +1,236 @@
+"""Helpers of the worker-library tests: policies, ``nvtrain run`` children, output parsing.
+
+Every child a test starts carries a unique token in its environment (``NVT_WORKER_TEST_TOKEN``),
+which ft_launcher, the rank monitors and the workers inherit; ``kill_token`` ends every process
+still carrying it, whoever its parent is by then, so a failing test leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+BIN = Path(__file__).resolve().parent / "bin"
+TOKEN_VAR = "NVT_WORKER_TEST_TOKEN"
+
+# Set by torchrun, ft_launcher, Kubernetes or a shell; none may leak into a child.
+_CLEARED_NAMES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "JOB_COMPLETION_INDEX",
+    "POD_IP",
+    "NVIDIA_VISIBLE_DEVICES",
+)
+_CLEARED_PREFIXES = ("TORCHELASTIC_", "NVTRAIN_", "PET_", "FT_")
+
+LOSS_LINE = re.compile(r"DEMO step (\d+)/(\d+) loss (-?\d+\.\d{5})")
+FINGERPRINT_LINE = re.compile(r"DEMO rank (\d+) finished fingerprint ([0-9a-f]{16})")
+
+
+def child_env(token: str | None = None, **extra: str) -> dict[str, str]:
+    """The test process's environment without rank, launcher or nvtrain variables."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in _CLEARED_NAMES and not k.startswith(_CLEARED_PREFIXES)
+    }
+    env["PYTHONUNBUFFERED"] = "1"
+    if token is not None:
+        env[TOKEN_VAR] = token
+    env.update(extra)
+    return env
+
+
+def free_port_pair() -> int:
+    """A port P with P and P + 1 both free: P hosts the rendezvous store, and the in-process
+    layer puts its own store on MASTER_PORT + 1."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as first:
+            first.bind(("127.0.0.1", 0))
+            port = int(first.getsockname()[1])
+            if port >= 65535:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as second:
+                try:
+                    second.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+                return port
+    raise RuntimeError("no two consecutive free ports found")
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    raise TypeError(value)
+
+
+def write_policy(
+    path: Path, tables: dict[str, dict[str, Any]], faults: Sequence[dict[str, Any]] = ()
+) -> Path:
+    """Write ``tables`` (``{"job": {...}, "restart.in_job": {...}}``) and ``[[faults]]`` as TOML."""
+    lines = []
+    for table, keys in tables.items():
+        lines.append(f"[{table}]")
+        lines += [f"{key} = {_toml(value)}" for key, value in keys.items()]
+        lines.append("")
+    for fault in faults:
+        lines.append("[[faults]]")
+        lines += [f"{key} = {_toml(value)}" for key, value in fault.items()]
+        lines.append("")
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def processes_with_token(token: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.pid == os.getpid():
+                continue
+            if proc.environ().get(TOKEN_VAR) == token and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+    return found
+
+
+def kill_token(token: str) -> list[int]:
+    """SIGKILL every living process that carries ``token``; returns their pids."""
+    procs = processes_with_token(token)
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(procs, timeout=5.0)
+    return [p.pid for p in procs]
+
+
+class RunResult:
+    """What one ``nvtrain run`` left: exit code, output, events."""
+
+    def __init__(self, code: int, output: str, run_dir: Path, seconds: float) -> None:
+        self.code = code
+        self.output = output
+        self.run_dir = run_dir
+        self.seconds = seconds
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return read_events(self.run_dir / "events.jsonl")
+
+    def fingerprints(self) -> dict[int, str]:
+        """Rank -> fingerprint; a rank printing two different ones is a failure."""
+        found: dict[int, str] = {}
+        for rank, digest in FINGERPRINT_LINE.findall(self.output):
+            assert found.setdefault(int(rank), digest) == digest, f"rank {rank} printed two fingerprints"
+        return found
+
+    def losses(self) -> dict[int, list[str]]:
+        """Step -> every loss printed for it (a replayed step appears more than once)."""
+        found: dict[int, list[str]] = {}
+        for step, _total, loss in LOSS_LINE.findall(self.output):
+            found.setdefault(int(step), []).append(loss)
+        return found
+
+    def describe(self, tail: int = 8000) -> str:
+        return f"exit {self.code} after {self.seconds:.0f}s; output tail:\n{self.output[-tail:]}"
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """Every complete event of ``path``; [] when there is no file."""
+    if not path.is_file():
+        return []
+    events = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            record = json.loads(line)
+            if isinstance(record, dict):
+                events.append(record)
+    return events
+
+
+def run_nvtrain(policy: Path, run_id: str, checkpoint_dir: Path, cwd: Path, timeout: float) -> RunResult:
+    """``python -m nvtrain run POLICY --run-id ID`` to its end, or ``timeout`` seconds; whatever
+    is left is killed, pass or fail."""
+    token = uuid.uuid4().hex
+    out_path = cwd / f"{run_id}.out"
+    argv = [sys.executable, "-m", "nvtrain", "run", str(policy), "--run-id", run_id]
+    started = time.monotonic()
+    with out_path.open("wb") as out:
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=child_env(token),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            code = -999
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        kill_token(token)
+        # nvtrain keeps the resolved policy in <tmp>/nvtrain-<run id>-node0.
+        shutil.rmtree(Path(tempfile.gettempdir()) / f"nvtrain-{run_id}-node0", ignore_errors=True)
+    output = out_path.read_text(encoding="utf-8", errors="replace")
+    return RunResult(code, output, checkpoint_dir / run_id, time.monotonic() - started)
+
+
+def run_python(
+    args: Sequence[str], cwd: Path, timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in a session of its own, killed (with its group) on timeout."""
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=env if env is not None else child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"python {' '.join(args)} ran past {timeout}s:\n{out[-4000:]}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, None)
