@@ -346,7 +346,7 @@ def test_fractional_and_long_durations() -> None:
 def test_shell_line_quotes_and_puts_env_first() -> None:
     plan = plan_for(standalone_policy(args=["--name", "two words"]), standalone_identity(), V041)
     line = plan.shell()
-    assert line.startswith(f"GROUP_RANK=0 NVTRAIN_EVENTS={EVENTS_PATH} ")
+    assert line.startswith(f"GROUP_RANK=0 NCCL_NVLS_ENABLE=0 NVTRAIN_EVENTS={EVENTS_PATH} ")
     assert line.endswith("train.py --name 'two words'")
     assert "python3 -m nvidia_resiliency_ext.fault_tolerance.launcher --nnodes=1:1" in line
 

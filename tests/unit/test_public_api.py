@@ -51,7 +51,14 @@ def test_exit_codes() -> None:
 
 
 def test_cli_commands() -> None:
-    assert [c.name for c in app.registered_commands] == ["run", "validate", "schema", "tune-interval"]
+    assert [c.name for c in app.registered_commands] == [
+        "run",
+        "validate",
+        "schema",
+        "tune-interval",
+        "init",
+        "manifest",
+    ]
 
 
 def test_version() -> None:

@@ -192,7 +192,7 @@ def print_tuning(result: Tuned) -> None:
             d(o.interval_s),
             d(o.blocked_s),
             percent(o.efficiency),
-            f"{o.goodput_steps_per_h:,.0f}/h",
+            _per_hour(o.goodput_steps_per_h),
             binds,
             style="bold" if o.mode == report.mode else "dim",
         )
@@ -243,3 +243,12 @@ def print_manifest_written(path: str, objects: Sequence[tuple[str, str]]) -> Non
     for kind, name in objects:
         out.print(f"  {escape(kind)} {escape(name)}")
     out.print(f"apply: kubectl apply -f {escape(path)}", soft_wrap=True)
+
+
+def _per_hour(steps: float) -> str:
+    """Steps per hour, short: 881/h, 49.1k/h, 1.69M/h."""
+    if steps < 10_000:
+        return f"{steps:,.0f}/h"
+    if steps < 1_000_000:
+        return f"{steps / 1e3:.1f}k/h"
+    return f"{steps / 1e6:.2f}M/h"

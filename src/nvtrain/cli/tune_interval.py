@@ -11,7 +11,7 @@ import typer
 from nvtrain.cli._errors import exit_on_error
 
 _TIMINGS = "Timings (durations as in the policy: 90s, 15m, 1h30m, 250ms; given values win)"
-_RATE = "Failure rate (one of --mtbf, per-GPU or per-node)"
+_RATE = "Failure rate (--mtbf, or per-GPU and per-node rates)"
 _DURATION = "DURATION"
 
 

@@ -117,4 +117,8 @@ def build_plan(
     }
     # The in-process layer polls its stores every second; c10d logs each poll timeout.
     defaults = {"TORCH_CPP_LOG_LEVEL": "ERROR"}
+    if policy.restart.in_process.enabled and job.backend != "gloo":
+        # What NVRx's in-process restart needs from NCCL: errors raised, not fatal, and no
+        # NVLink SHARP (multicast) communicators, which cannot be aborted.
+        defaults.update({"TORCH_NCCL_RETHROW_CUDA_ERRORS": "0", "NCCL_NVLS_ENABLE": "0"})
     return LaunchPlan(argv, env, endpoint, is_host, wait_for, job.stop_timeout, defaults)

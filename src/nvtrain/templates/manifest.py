@@ -66,10 +66,10 @@ INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
 _LABEL_NAME = r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)"
 _DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-_QUALIFIED = re.compile(rf"^({_DNS_SUBDOMAIN}/)?{_LABEL_NAME}$")
-_LABEL_VALUE = re.compile(rf"^{_LABEL_NAME}?$")
-_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-_QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+_QUALIFIED = re.compile(rf"({_DNS_SUBDOMAIN}/)?{_LABEL_NAME}")
+_LABEL_VALUE = re.compile(rf"{_LABEL_NAME}?")
+_ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+_QUANTITY = re.compile(r"([0-9]+(\.[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _FACTOR = {
     None: 1,
@@ -226,7 +226,7 @@ def gpus(policy: Policy, options: ManifestOptions) -> int:
 
 
 def _check_quantity(flag: str, value: str) -> float:
-    match = _QUANTITY.match(value)
+    match = _QUANTITY.fullmatch(value)
     if not match:
         raise UsageError(
             f"{flag} {value!r} is not a Kubernetes quantity",
@@ -237,12 +237,12 @@ def _check_quantity(flag: str, value: str) -> float:
 
 def _check_pairs(kind: str, pairs: Mapping[str, str], key: re.Pattern[str], value: re.Pattern[str]) -> None:
     for k, v in pairs.items():
-        if not key.match(k) or len(k) > 253:
+        if not key.fullmatch(k) or len(k) > 253:
             raise UsageError(
                 f"{kind} name {k!r} is not valid",
                 "use a Kubernetes qualified name, e.g. example.com/team or team",
             )
-        if not value.match(v):
+        if not value.fullmatch(v):
             raise UsageError(
                 f"{kind} {k}={v!r}: the value is not valid",
                 "use at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
@@ -299,7 +299,7 @@ def _check(policy: Policy, options: ManifestOptions) -> None:
                 "lower --shm-size or raise --memory",
             )
     for name, count in options.resources.items():
-        if not _QUALIFIED.match(name) or "/" not in name:
+        if not _QUALIFIED.fullmatch(name) or "/" not in name:
             raise UsageError(
                 f"--resource {name!r} is not an extended resource name",
                 "use a domain-prefixed name such as rdma/hca_shared_devices_a",
@@ -314,7 +314,7 @@ def _check(policy: Policy, options: ManifestOptions) -> None:
         raise UsageError(f"label {clash[0]} is set by nvtrain", "choose another label name")
     own = {e["name"] for e in _env(policy, options, uid_label=JOB_UID_LABEL, extra=False)}
     for name in options.env:
-        if not _ENV_NAME.match(name):
+        if not _ENV_NAME.fullmatch(name):
             raise UsageError(f"--env {name!r} is not an environment variable name", "e.g. NCCL_DEBUG")
         if name in own:
             raise UsageError(f"--env {name} is set by the manifest itself", "leave it out")
@@ -460,8 +460,8 @@ def jobset_names(policy: Policy) -> tuple[str, str]:
     ``<[job] name>-0``, so the job name must be ``<jobset>-<replicated job>-0``."""
     name = policy.job.name
     jobset_name, _, replicated = name.removesuffix("-0").rpartition("-")
-    label = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    if not name.endswith("-0") or not label.match(jobset_name) or not label.match(replicated):
+    label = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+    if not name.endswith("-0") or not label.fullmatch(jobset_name) or not label.fullmatch(replicated):
         raise UsageError(
             f'--jobset needs [job] name of the form "<jobset>-<replicated job>-0", not "{name}": '
             "JobSet names its pods <jobset>-<replicated job>-<job index>-<pod index>, and pod 0 "

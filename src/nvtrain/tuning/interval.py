@@ -8,9 +8,12 @@ failure to training again (restart plus checkpoint load); ``τ`` compute time be
 * Young (1974): ``τ = √(2δM)``.
 * Daly (2006): ``τ = √(2δM)·[1 + ⅓·√(δ/2M) + (δ/2M)/9] − δ`` for ``δ < 2M``, else ``τ = M``.
 * Async floor: a save waits for the previous write, so ``k·t >= W·margin`` (and ``>= W``'s p95).
+* Write spread: ``W`` is lognormal with its median and p95; a save waits ``E[max(0, W − τ)]``
+  on average, which is added to ``δ``.
 * Expected efficiency (Daly's complete model, with the async write lag added to the time lost
-  per failure): ``τ / (M·e^((R + lag)/M)·(e^((τ + δ)/M) − 1))``, where ``lag = W`` when async.
-  Its first-order expansion is the usual waste ``δ/τ + (τ/2 + lag + R)/M``.
+  per failure): ``τ / (M·e^((R + lag)/M)·(e^((τ + δ)/M) − 1))``, where ``lag`` is the mean
+  write when async, 0 when sync. Its first-order expansion is the usual waste
+  ``δ/(τ + δ) + ((τ + δ)/2 + lag + R)/M``.
 
 ``docs/tune-interval.md`` explains the model, its assumptions and a worked example.
 """
@@ -37,8 +40,8 @@ __all__ = [
     "nice_at_least",
     "nice_at_most",
     "percent",
-    "short_duration",
     "recommend",
+    "short_duration",
     "tune",
     "young",
 ]

@@ -5,7 +5,8 @@ What each measure is made of (every rank's events count; medians and 95th percen
 * ``step``: ``step`` events' ``step_s`` (one step), leaving out the step right after a save,
   whose time includes that save's blocking.
 * ``save_block``: ``checkpoint_staged.blocked_s`` less the ``waited_for_previous_s`` of its
-  ``checkpoint_begin``: what a save blocks when the previous write is already done.
+  ``checkpoint_begin``: what a save blocks when the previous write is already done (for a
+  sync save, also less its ``write_s``: the write is counted in ``save_write``).
 * ``save_write``: ``checkpoint_committed.write_s``: staging done to checkpoint committed.
 * ``restore``: ``checkpoint_restored.seconds`` of loads from storage (from host memory when no
   load from storage was logged).
@@ -215,6 +216,8 @@ def _blocks(events: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], floa
             if blocked is None:
                 continue
             waited = _number(begun.pop(key, {}).get("waited_for_previous_s")) or 0.0
+            if e.get("async") is False:  # a sync save's blocked_s includes its write
+                waited += _number(e.get("write_s")) or 0.0
             out.append((e, max(0.0, blocked - waited)))
     return out
 

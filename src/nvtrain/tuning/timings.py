@@ -83,7 +83,9 @@ class Timings(BaseModel):
 def read_timings(path: Path) -> Parsed[Timings]:
     """Read a timings file (TOML, or JSON when the name ends in ``.json``); never raises."""
     raw, problem = read_source(
-        path, "check the path; a timings file is written by hand or by `nvtrain tune-interval --json`"
+        path,
+        "check the path; write a timings file by hand, or take `.measured.timings` from "
+        "`nvtrain tune-interval --from-run RUN --json`",
     )
     if raw is None:
         assert problem is not None

@@ -329,6 +329,7 @@ class Checkpointer:
                 blocked_s=round(staged - t0, 6),
                 stage_s=round(staged - t1, 6),
                 bytes=nbytes,
+                **{"async": True},
             )
             threading.Thread(
                 target=self._finish, args=(save,), daemon=True, name=f"nvtrain-ckpt-{step}"
@@ -336,20 +337,24 @@ class Checkpointer:
             self.inflight = save
             self.last_saved = step
             return
-        # Sync: the loop waits for the write, the manifests and the commit.
+        # Sync: the loop waits for the write, the manifests and the commit. ``write_s`` is
+        # that part; ``blocked_s`` is all of it.
         with self._paused():
-            dcp_save(state, checkpoint_id=str(folder), process_group=self.group)
             save = _Save(step, folder, None)
+            dcp_save(state, checkpoint_id=str(folder), process_group=self.group)
             self._finish(save)
         self.inflight = save
         self.last_saved = step
         self.wait()
+        done = time.monotonic()
         self._emit(
             "checkpoint_staged",
             step=step,
-            blocked_s=round(time.monotonic() - t0, 6),
-            stage_s=round(time.monotonic() - t1, 6),
+            blocked_s=round(done - t0, 6),
+            stage_s=round(t1 - t0, 6),
+            write_s=round(done - save.started, 6),
             bytes=nbytes,
+            **{"async": False},
         )
 
     def _get_stager(self) -> Any:

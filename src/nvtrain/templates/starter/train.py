@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import argparse
 
-import torch  # noqa: TID253
-import torch.distributed as dist  # noqa: TID253
+import torch
+import torch.distributed as dist
 
 import nvtrain.worker as nw
 

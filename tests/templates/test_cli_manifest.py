@@ -1,0 +1,126 @@
+"""``nvtrain manifest``: YAML on stdout or in a file, options, and errors with exit code 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from templates_helpers import MINIMAL, by_kind, load_all
+from typer.testing import CliRunner
+
+from nvtrain.cli import app
+from nvtrain.templates.init import starter_text
+from nvtrain.templates.manifest import ManifestOptions, dump, render
+
+runner = CliRunner()
+
+
+def write(tmp_path: Path, text: str = MINIMAL) -> Path:
+    path = tmp_path / "policy.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_prints_the_same_yaml_as_the_library(tmp_path: Path) -> None:
+    from templates_helpers import policy_of
+
+    result = runner.invoke(app, ["manifest", str(write(tmp_path))])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    assert result.stdout == dump(render(policy_of(MINIMAL), MINIMAL, ManifestOptions()))
+
+
+def test_writes_a_file_and_lists_its_objects(tmp_path: Path) -> None:
+    out = tmp_path / "job.yaml"
+    result = runner.invoke(
+        app, ["manifest", str(write(tmp_path)), "--image", "reg.example.com/t:1", "-o", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    objects = load_all(out.read_text(encoding="utf-8"))
+    assert (
+        by_kind(objects, "Job")["spec"]["template"]["spec"]["containers"][0]["image"] == "reg.example.com/t:1"
+    )
+    for line in (
+        "Service llm-train",
+        "NetworkPolicy llm-train-peers",
+        "Job llm-train",
+        f"kubectl apply -f {out}",
+    ):
+        assert line in result.stdout
+
+
+def test_every_option_reaches_the_objects(tmp_path: Path) -> None:
+    args = [
+        "manifest",
+        str(write(tmp_path, starter_text("policy.toml"))),
+        "--gpus=8",
+        "--efa=32",
+        "--resource=rdma/hca_shared_devices_a=1",
+        "--cpu=90",
+        "--memory=900Gi",
+        "--shm-size=64Gi",
+        "--checkpoint-pvc=fsx",
+        "--env=NCCL_DEBUG=INFO",
+        "--env=EXTRA=a=b",
+        "--node-selector=node.kubernetes.io/instance-type=p5.48xlarge",
+        "--label=team=ml",
+        "--backoff-limit=3",
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    job = by_kind(load_all(result.stdout), "Job")
+    pod = job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["resources"]["limits"] == {
+        "nvidia.com/gpu": 8,
+        "vpc.amazonaws.com/efa": 32,
+        "rdma/hca_shared_devices_a": 1,
+        "memory": "900Gi",
+    }
+    assert container["resources"]["requests"]["cpu"] == "90"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["NCCL_DEBUG"] == "INFO" and env["EXTRA"] == "a=b"
+    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
+    assert job["metadata"]["labels"]["team"] == "ml"
+    assert job["spec"]["backoffLimit"] == 3
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == "fsx"
+    assert volumes["dshm"]["emptyDir"]["sizeLimit"] == "64Gi"
+
+
+def test_jobset_flag(tmp_path: Path) -> None:
+    text = starter_text("policy.toml").replace('name = "my-training"', 'name = "my-training-workers-0"')
+    result = runner.invoke(app, ["manifest", str(write(tmp_path, text)), "--jobset"])
+    assert result.exit_code == 0, result.output
+    assert [o["kind"] for o in load_all(result.stdout)] == ["ConfigMap", "NetworkPolicy", "JobSet"]
+    refused = runner.invoke(app, ["manifest", str(write(tmp_path)), "--jobset"])
+    assert refused.exit_code == 2
+    assert "--jobset needs [job] name" in refused.stderr
+
+
+def test_invalid_policy_shows_every_finding_and_exits_2(tmp_path: Path) -> None:
+    bad = write(tmp_path, '[job]\nname = "Bad_Name"\nscript = "t.py"\n[rendezvous]\nport = 0\n')
+    result = runner.invoke(app, ["manifest", str(bad)])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert "[job] name" in result.stderr and "[rendezvous] port" in result.stderr
+
+
+def test_missing_policy_exits_2_and_suggests_init(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["manifest", str(tmp_path / "nope.toml")])
+    assert result.exit_code == 2
+    assert "file not found" in result.stderr and "nvtrain init" in result.stderr
+
+
+def test_bad_options_exit_2_with_a_fix(tmp_path: Path) -> None:
+    policy = str(write(tmp_path))
+    for args, message in (
+        (["--env", "NOVALUE"], "is not KEY=VALUE"),
+        (["--resource", "rdma/x=two"], "not a whole number"),
+        (["--shm-size", "big"], "not a Kubernetes quantity"),
+        (["--image", "has space"], "not an image reference"),
+    ):
+        result = runner.invoke(app, ["manifest", policy, *args])
+        assert result.exit_code == 2, args
+        assert message in result.stderr, (args, result.stderr)
+        assert "fix:" in result.stderr
+        assert result.stdout == ""

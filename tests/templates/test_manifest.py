@@ -1,0 +1,414 @@
+"""``nvtrain.templates.manifest``: what each object holds, that it comes from the policy, golden
+files, and the Kubernetes OpenAPI schemas (1.28 and the newest that kubernetes-validate ships)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+from kubernetes_validate import utils as kv
+from templates_helpers import (
+    KUBERNETES_VERSIONS,
+    MINIMAL,
+    OLDEST,
+    by_kind,
+    check_golden,
+    load_all,
+    policy_of,
+    schema_errors,
+    set_keys,
+    starter_named,
+)
+
+from nvtrain.errors import UsageError
+from nvtrain.templates.init import starter_text
+from nvtrain.templates.manifest import (
+    CONTAINER,
+    GRACE_MARGIN,
+    ManifestOptions,
+    dump,
+    grace_period,
+    render,
+)
+
+P5 = ManifestOptions(
+    image="registry.example.com/ml/llm-train@sha256:" + "0" * 64,
+    efa=32,
+    cpu="90",
+    memory="900Gi",
+    shm_size="64Gi",
+    checkpoint_pvc="fsx-checkpoint-pvc",
+    backoff_limit=10,
+    labels={"team": "ml", "example.com/cost-center": "research"},
+    env={"FI_EFA_USE_DEVICE_RDMA": "1", "NCCL_DEBUG": "WARN"},
+    node_selector={"node.kubernetes.io/instance-type": "p5.48xlarge"},
+)
+
+
+def objects_of(text: str, options: ManifestOptions | None = None) -> list[dict[str, Any]]:
+    return render(policy_of(text), text, options)
+
+
+def pod_spec(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    job = by_kind(objects, "Job")
+    return job["spec"]["template"]["spec"]  # type: ignore[no-any-return]
+
+
+def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    [only] = pod_spec(objects)["containers"]
+    return only  # type: ignore[no-any-return]
+
+
+def env_of(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(objects)["env"]}
+
+
+# -- what the objects hold ---------------------------------------------------------------------
+
+
+def test_objects_in_apply_order() -> None:
+    kinds = [o["kind"] for o in objects_of(MINIMAL)]
+    assert kinds == ["ConfigMap", "Service", "NetworkPolicy", "Job"]
+
+
+def test_job_is_indexed_with_one_pod_per_node() -> None:
+    text = set_keys(starter_text("policy.toml"), {("rendezvous", "nodes"): "16"})
+    spec = by_kind(objects_of(text), "Job")["spec"]
+    assert spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"] == 16
+    assert spec["template"]["spec"]["restartPolicy"] == "Never"
+
+
+def test_pod_failure_policy_never_retries_2_and_4_and_ignores_disruptions() -> None:
+    objects = objects_of(MINIMAL, ManifestOptions(backoff_limit=9))
+    spec = by_kind(objects, "Job")["spec"]
+    assert spec["backoffLimit"] == 9
+    fail, ignore = spec["podFailurePolicy"]["rules"]
+    assert fail["action"] == "FailJob"
+    assert fail["onExitCodes"] == {"containerName": CONTAINER, "operator": "In", "values": [2, 4]}
+    assert fail["onPodConditions"] == []  # the 1.28 schema requires the key; empty means unused
+    assert ignore == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    assert container(objects)["name"] == CONTAINER
+
+
+def test_pod_identity_comes_from_kubernetes() -> None:
+    env = env_of(objects_of(MINIMAL))
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["JOB_COMPLETION_INDEX"] == {
+        "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
+    }
+    assert env["NVTRAIN_RUN_ID"] == {
+        "fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/controller-uid']"}
+    }
+
+
+def test_names_namespace_port_and_service_come_from_the_policy() -> None:
+    text = MINIMAL + '[rendezvous]\nservice = "peers"\nnamespace = "team-a"\nport = 31000\nnodes = 3\n'
+    objects = objects_of(text)
+    assert {o["metadata"]["namespace"] for o in objects} == {"team-a"}
+    service = by_kind(objects, "Service")
+    assert service["metadata"]["name"] == "peers"
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["ports"] == [
+        {"name": "rendezvous", "port": 31000, "targetPort": 31000, "protocol": "TCP"}
+    ]
+    spec = pod_spec(objects)
+    assert spec["subdomain"] == "peers"
+    assert by_kind(objects, "Job")["metadata"]["name"] == "llm-train"
+    assert container(objects)["ports"] == [{"name": "rendezvous", "containerPort": 31000, "protocol": "TCP"}]
+
+
+def test_service_selects_exactly_the_pods_of_the_job() -> None:
+    objects = objects_of(MINIMAL, ManifestOptions(labels={"team": "ml"}))
+    selector = by_kind(objects, "Service")["spec"]["selector"]
+    pod_labels = by_kind(objects, "Job")["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= pod_labels.items()
+    assert selector["app.kubernetes.io/instance"] == "llm-train"
+    assert pod_labels["team"] == "ml"
+
+
+def test_network_policy_admits_only_the_jobs_own_pods_on_every_port() -> None:
+    objects = objects_of(MINIMAL)
+    spec = by_kind(objects, "NetworkPolicy")["spec"]
+    selector = by_kind(objects, "Service")["spec"]["selector"]
+    assert spec["podSelector"] == {"matchLabels": selector}
+    assert spec["policyTypes"] == ["Ingress"]
+    assert spec["ingress"] == [{"from": [{"podSelector": {"matchLabels": selector}}]}]  # no "ports": all
+
+
+def test_policy_is_mounted_from_an_immutable_configmap_named_by_its_hash() -> None:
+    objects = objects_of(MINIMAL)
+    configmap = by_kind(objects, "ConfigMap")
+    assert configmap["immutable"] is True
+    assert configmap["data"] == {"policy.toml": MINIMAL}
+    name = configmap["metadata"]["name"]
+    assert name.startswith("llm-train-policy-")
+    volumes = {v["name"]: v for v in pod_spec(objects)["volumes"]}
+    assert volumes["policy"]["configMap"] == {"name": name}
+    mounts = {m["name"]: m for m in container(objects)["volumeMounts"]}
+    assert mounts["policy"] == {"name": "policy", "mountPath": "/etc/nvtrain", "readOnly": True}
+    assert container(objects)["command"] == ["nvtrain", "run", "/etc/nvtrain/policy.toml"]
+    changed = MINIMAL + "[checkpoint]\ninterval = 10\n"
+    assert by_kind(objects_of(changed), "ConfigMap")["metadata"]["name"] != name
+
+
+def test_checkpoint_volume_is_mounted_at_the_policy_dir() -> None:
+    text = MINIMAL + '[checkpoint]\ndir = "/mnt/fsx/ckpt"\n'
+    objects = objects_of(text, ManifestOptions(checkpoint_pvc="fsx-claim"))
+    mounts = {m["name"]: m["mountPath"] for m in container(objects)["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec(objects)["volumes"]}
+    assert mounts["checkpoints"] == "/mnt/fsx/ckpt"
+    assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "fsx-claim"}
+    default = {v["name"]: v for v in pod_spec(objects_of(MINIMAL))["volumes"]}
+    assert default["checkpoints"]["persistentVolumeClaim"] == {"claimName": "llm-train-checkpoints"}
+
+
+def test_shm_is_memory_backed_and_sized() -> None:
+    objects = objects_of(MINIMAL, ManifestOptions(shm_size="32Gi"))
+    volumes = {v["name"]: v for v in pod_spec(objects)["volumes"]}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
+    mounts = {m["name"]: m["mountPath"] for m in container(objects)["volumeMounts"]}
+    assert mounts["dshm"] == "/dev/shm"
+
+
+@pytest.mark.parametrize(("stop", "grace"), [('"1m"', 90), ('"10m"', 630), ("12.5", 43)])
+def test_grace_period_is_stop_timeout_plus_margin(stop: str, grace: int) -> None:
+    text = MINIMAL + f"stop_timeout = {stop}\n"
+    policy = policy_of(text)
+    assert grace_period(policy) == grace
+    assert grace > policy.job.stop_timeout + 5  # the supervisor kills what is left 5 s after stop_timeout
+    assert pod_spec(render(policy, text))["terminationGracePeriodSeconds"] == grace
+    assert GRACE_MARGIN >= 10
+
+
+def test_gpus_follow_nproc_per_node() -> None:
+    starter = starter_text("policy.toml")  # nproc_per_node = 8, backend = "auto"
+    resources = container(objects_of(starter))["resources"]
+    assert resources == {"requests": {"nvidia.com/gpu": 8}, "limits": {"nvidia.com/gpu": 8}}
+    assert pod_spec(objects_of(starter))["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    gloo = set_keys(starter, {("job", "backend"): '"gloo"', ("job", "collective_timeout"): '"60s"'})
+    assert "resources" not in container(objects_of(gloo))
+    assert "tolerations" not in pod_spec(objects_of(gloo))
+    on_gpus = set_keys(starter, {("job", "nproc_per_node"): '"gpu"'})
+    with pytest.raises(UsageError, match='nproc_per_node = "gpu"'):
+        objects_of(on_gpus)
+    assert container(objects_of(on_gpus, ManifestOptions(gpus_per_node=4)))["resources"]["limits"] == {
+        "nvidia.com/gpu": 4
+    }
+    with pytest.raises(UsageError, match="disagrees with"):
+        objects_of(starter, ManifestOptions(gpus_per_node=4))
+
+
+def test_in_process_restart_on_gpus_sets_the_nccl_variables_nvrx_needs() -> None:
+    starter = starter_text("policy.toml")
+    env = env_of(objects_of(starter))
+    assert env["NCCL_NVLS_ENABLE"] == "0"
+    assert env["TORCH_NCCL_RETHROW_CUDA_ERRORS"] == "0"
+    off = set_keys(starter, {("restart.in_process", "enabled"): "false"})
+    assert "NCCL_NVLS_ENABLE" not in env_of(objects_of(off))
+    gloo = set_keys(starter, {("job", "backend"): '"gloo"', ("job", "collective_timeout"): '"60s"'})
+    assert "NCCL_NVLS_ENABLE" not in env_of(objects_of(gloo))
+
+
+def test_efa_rdma_cpu_memory_node_selector_env_and_labels() -> None:
+    objects = objects_of(starter_text("policy.toml"), P5)
+    c = container(objects)
+    assert c["resources"] == {
+        "requests": {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32, "cpu": "90", "memory": "900Gi"},
+        "limits": {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32, "memory": "900Gi"},
+    }
+    assert c["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    assert c["image"] == P5.image
+    assert c["imagePullPolicy"] == "IfNotPresent"
+    assert env_of(objects)["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert pod_spec(objects)["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
+    for obj in objects:
+        assert obj["metadata"]["labels"]["team"] == "ml"
+    rdma = objects_of(MINIMAL, ManifestOptions(resources={"rdma/hca_shared_devices_a": 1}))
+    assert container(rdma)["resources"]["limits"]["rdma/hca_shared_devices_a"] == 1
+    assert "securityContext" in container(rdma)
+    assert "securityContext" not in container(objects_of(MINIMAL))
+
+
+def test_pods_need_no_api_access_and_no_service_links() -> None:
+    spec = pod_spec(objects_of(MINIMAL))
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["enableServiceLinks"] is False
+
+
+def test_default_image_is_named_after_the_job() -> None:
+    assert container(objects_of(MINIMAL))["image"] == "llm-train:latest"
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        (ManifestOptions(image="two words"), "not an image reference"),
+        (ManifestOptions(image="a\nb"), "not an image reference"),
+        (ManifestOptions(image=""), "not an image reference"),
+        (ManifestOptions(checkpoint_pvc="Bad_Name"), "not a PersistentVolumeClaim name"),
+        (ManifestOptions(shm_size="lots"), "not a Kubernetes quantity"),
+        (ManifestOptions(cpu="1 core"), "not a Kubernetes quantity"),
+        (ManifestOptions(memory="8Gi", shm_size="16Gi"), "memory-backed"),
+        (ManifestOptions(efa=-1), "negative"),
+        (ManifestOptions(backoff_limit=-1), "negative"),
+        (ManifestOptions(gpus_per_node=-2), "negative"),
+        (ManifestOptions(resources={"hugepages": 1}), "extended resource"),
+        (ManifestOptions(resources={"rdma/x": 0}), "at least 1"),
+        (ManifestOptions(labels={"bad key!": "x"}), "label name"),
+        (ManifestOptions(labels={"team": "a b"}), "value is not valid"),
+        (ManifestOptions(labels={"app.kubernetes.io/instance": "other"}), "set by nvtrain"),
+        (ManifestOptions(node_selector={"zone": "x" * 64}), "value is not valid"),
+        (ManifestOptions(env={"1=2": "x"}), "environment variable name"),
+        (ManifestOptions(env={"NAME\n": "x"}), "environment variable name"),
+        (ManifestOptions(labels={"team\n": "x"}), "label name"),
+        (ManifestOptions(labels={"team": "ml\n"}), "value is not valid"),
+        (ManifestOptions(shm_size="1Gi\n"), "not a Kubernetes quantity"),
+        (ManifestOptions(env={"POD_IP": "1.2.3.4"}), "set by the manifest"),
+        (ManifestOptions(env={"NVTRAIN_RUN_ID": "fixed"}), "set by the manifest"),
+    ],
+)
+def test_bad_options_are_usage_errors(options: ManifestOptions, match: str) -> None:
+    with pytest.raises(UsageError, match=match) as caught:
+        objects_of(MINIMAL, options)
+    assert caught.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    "directory",
+    ["/", "/dev/shm", "/dev/shm/ckpt", "/etc/nvtrain", "/etc/nvtrain/x", "/etc", "/proc/x", "/a/../b"],
+)
+def test_checkpoint_dirs_that_cannot_be_a_mount_are_refused(directory: str) -> None:
+    text = MINIMAL + f'[checkpoint]\ndir = "{directory}"\n'
+    with pytest.raises(UsageError, match="cannot be mounted"):
+        objects_of(text)
+
+
+# -- JobSet --------------------------------------------------------------------------------------
+
+
+def test_jobset_wraps_the_same_job_and_names_pods_as_nvtrain_dials_them() -> None:
+    text = starter_named("llm-workers-0")
+    job = by_kind(objects_of(text), "Job")
+    objects = objects_of(text, ManifestOptions(jobset=True))
+    assert [o["kind"] for o in objects] == ["ConfigMap", "NetworkPolicy", "JobSet"]
+    jobset = by_kind(objects, "JobSet")
+    assert jobset["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
+    assert jobset["metadata"]["name"] == "llm"
+    [replicated] = jobset["spec"]["replicatedJobs"]
+    assert replicated["name"] == "workers" and replicated["replicas"] == 1
+    # JobSet's pods are <jobset>-<replicated job>-<job index>-<pod index>: pod 0 is <job name>-0.
+    assert f"{jobset['metadata']['name']}-{replicated['name']}-0" == "llm-workers-0"
+    assert jobset["spec"]["network"] == {
+        "enableDNSHostnames": True,
+        "subdomain": "llm-workers-0",
+        "publishNotReadyAddresses": True,
+    }
+    spec = replicated["template"]["spec"]
+    run_id = {e["name"]: e for e in spec["template"]["spec"]["containers"][0]["env"]}["NVTRAIN_RUN_ID"]
+    assert run_id["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['jobset.sigs.k8s.io/jobset-uid']"
+    for key in ("completionMode", "completions", "parallelism", "backoffLimit", "podFailurePolicy"):
+        assert spec[key] == job["spec"][key]
+    assert jobset["spec"]["failurePolicy"]["rules"] == [
+        {"name": "nvtrainNeverRetry", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}
+    ]
+
+
+@pytest.mark.parametrize("name", ["llm-train", "train-0", "llm-0", "a--0", "llm--workers-0"])
+def test_jobset_refuses_job_names_it_cannot_match(name: str) -> None:
+    text = MINIMAL.replace('"llm-train"', f'"{name}"')
+    with pytest.raises(UsageError, match="<jobset>-<replicated job>-0"):
+        objects_of(text, ManifestOptions(jobset=True))
+
+
+# -- golden files ------------------------------------------------------------------------------
+
+
+def test_golden_minimal_policy() -> None:
+    """Only [job] name and script: every other value is the schema's default."""
+    check_golden("minimal.yaml", dump(objects_of(MINIMAL)))
+
+
+def test_golden_starter_policy() -> None:
+    """The policy `nvtrain init` writes, with the default options."""
+    check_golden("starter.yaml", dump(objects_of(starter_text("policy.toml"))))
+
+
+def test_golden_p5_options() -> None:
+    check_golden("starter_p5.yaml", dump(objects_of(starter_text("policy.toml"), P5)))
+
+
+def test_golden_jobset() -> None:
+    """kubernetes-validate has no schema for the JobSet CRD; this golden file pins its shape."""
+    check_golden(
+        "starter_jobset.yaml", dump(objects_of(starter_named("llm-workers-0"), ManifestOptions(jobset=True)))
+    )
+
+
+# -- Kubernetes OpenAPI schemas ----------------------------------------------------------------
+
+SCHEMA_CASES = {
+    "minimal": (MINIMAL, ManifestOptions()),
+    "starter": (starter_text("policy.toml"), ManifestOptions()),
+    "starter-p5": (starter_text("policy.toml"), P5),
+    "jobset-companions": (starter_named("llm-workers-0"), ManifestOptions(jobset=True)),
+    "gloo-cpu": (
+        set_keys(
+            starter_text("policy.toml"),
+            {
+                ("job", "backend"): '"gloo"',
+                ("job", "collective_timeout"): '"60s"',
+                ("job", "nproc_per_node"): '"cpu"',
+            },
+        ),
+        ManifestOptions(cpu="500m", memory="64Gi", shm_size="1Gi", resources={"rdma/hca": 1}),
+    ),
+}
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("case", sorted(SCHEMA_CASES))
+def test_every_object_is_valid_against_the_kubernetes_schema(case: str, version: str) -> None:
+    text, options = SCHEMA_CASES[case]
+    objects = load_all(dump(objects_of(text, options)))
+    checked = [o for o in objects if o["kind"] != "JobSet"]  # a CRD: no schema (golden file above)
+    assert checked
+    errors = [e for e in (schema_errors(o, version) for o in checked) if e]
+    assert not errors, "\n".join(errors)
+
+
+def test_schema_versions() -> None:
+    """1.28 and the newest schemas kubernetes-validate ships (it bundles them: no download)."""
+    oldest, newest = KUBERNETES_VERSIONS
+    assert oldest == OLDEST == "1.28"
+    shipped = {kv.major_minor(v) for v in kv.all_versions()}
+    assert OLDEST in shipped, f"kubernetes-validate no longer ships the {OLDEST} schemas"
+    assert newest == max(shipped, key=lambda v: tuple(map(int, v.split("."))))
+    assert tuple(map(int, newest.split("."))) >= (1, 37)
+
+
+def test_schema_validation_needs_no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kubernetes-validate reads the schemas it ships; with sockets refused it still works."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("kubernetes-validate opened a network connection")
+
+    kv.schema_contents.cache_clear()  # type: ignore[attr-defined]  # read the files again
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    for obj in load_all(dump(objects_of(MINIMAL))):
+        for version in KUBERNETES_VERSIONS:
+            assert schema_errors(obj, version) is None
+
+
+def test_schema_check_catches_a_broken_object() -> None:
+    """The check is real: a misspelt field fails the strict schema."""
+    job = by_kind(objects_of(MINIMAL), "Job")
+    job["spec"]["template"]["spec"]["restartPolicyy"] = "Never"
+    for version in KUBERNETES_VERSIONS:
+        assert schema_errors(job, version) is not None

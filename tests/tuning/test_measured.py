@@ -1,0 +1,184 @@
+"""Measured timings from events logs: synthetic logs with known answers, and real ones."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nvtrain.errors import UsageError
+from nvtrain.tuning.measured import events_file, measure_events, read_measured
+from nvtrain.tuning.timings import Timings, read_timings
+
+DATA = Path(__file__).resolve().parent / "data"
+CPU_LOG = DATA / "cpu-demo-events.jsonl"  # `nvtrain run` of the built-in demo job (CPU, 2 ranks)
+GPU_LOG = Path(__file__).resolve().parents[2] / "benchmarks/checkpoint/results/h200-gpu-demo-events.jsonl"
+
+
+class Log:
+    """Builds an events log the way the launcher and the workers write it."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.t = 1000.0
+
+    def at(self, dt: float, event: str, **fields: Any) -> Log:
+        self.t += dt
+        self.events.append({"ts": self.t, "event": event, **fields})
+        return self
+
+    def step(
+        self, step: int, step_s: float | None, *, pid: int = 1, attempt: int = 0, restarts: int = 0
+    ) -> Log:
+        return self.at(0.1, "step", step=step, step_s=step_s, rank=pid - 1, pid=pid, attempt=attempt,
+                       restart_count=restarts)  # fmt: skip
+
+    def save(self, step: int, *, blocked: float, waited: float = 0.0, pid: int = 1) -> Log:
+        self.at(0.0, "checkpoint_begin", step=step, pid=pid, waited_for_previous_s=waited)
+        return self.at(blocked, "checkpoint_staged", step=step, pid=pid, blocked_s=blocked, bytes=10)
+
+    def write(self, path: Path) -> Path:
+        path.write_text("".join(json.dumps(e) + "\n" for e in self.events), encoding="utf-8")
+        return path
+
+
+def two_rank_run() -> Log:
+    log = Log()
+    for pid in (1, 2):
+        log.step(1, None, pid=pid)
+    for pid, took in ((1, 0.5), (2, 0.7)):
+        log.step(10, took, pid=pid)
+    for pid, blocked in ((1, 0.2), (2, 0.4)):
+        log.save(10, blocked=blocked, pid=pid)
+    log.step(11, 3.0, pid=1)  # includes the save's blocking: left out
+    log.at(1.0, "checkpoint_committed", step=10, pid=1, write_s=5.0)
+    log.save(20, blocked=1.25, waited=1.0, pid=1)  # waited 1 s for the previous write
+    log.at(2.0, "checkpoint_committed", step=20, pid=1, write_s=7.0)
+    # in-process restart: fault, detection, new attempt in the same processes
+    log.at(1.0, "fault_injected", step=25, rank=1, pid=2, kind="exception")
+    log.at(2.0, "restart_begin", layer="in_process", rank=1, pid=2)
+    log.at(1.0, "checkpoint_restored", step=20, seconds=0.5, source="memory", pid=1)
+    log.step(21, None, pid=1, attempt=1)
+    log.step(21, None, pid=2, attempt=1)
+    log.step(30, 0.6, pid=1, attempt=1)
+    # in-job restart: the launcher sees a worker die, new processes load from storage
+    log.at(1.0, "fault_injected", step=35, rank=0, pid=1, kind="sigkill")
+    log.at(0.5, "worker_failed", local_rank=0, exit_code=-9, pid=99)
+    log.at(0.0, "restart_begin", layer="in_job", pid=99)
+    log.at(8.0, "checkpoint_restored", step=20, seconds=2.0, source="storage", pid=3)
+    log.at(0.1, "checkpoint_restored", step=20, seconds=2.5, source="storage", pid=4)
+    log.step(21, None, pid=3, restarts=1)
+    return log
+
+
+def test_measures_of_a_synthetic_log() -> None:
+    measured = measure_events(two_rank_run().events, "log")
+    t = measured.timings
+    assert t.step is not None and t.step.median == pytest.approx(0.6) and measured.counts["step"] == 3
+    assert t.step.max == pytest.approx(0.7)  # step 11 (after a save) is not a sample
+    assert t.save_block is not None and measured.counts["save_block"] == 3
+    assert sorted([0.2, 0.4, 0.25])[1] == pytest.approx(t.save_block.median)  # 1.25 s less the 1 s wait
+    assert t.save_write is not None and t.save_write.median == pytest.approx(6.0)
+    assert t.restore is not None and t.restore.median == pytest.approx(2.25)
+    assert measured.restore_from == "storage"
+    assert measured.waits == (1.0,)
+    layers = [(r.layer, r.step) for r in measured.recoveries]
+    assert layers == [("in_process", 25), ("in_job", 35)]
+    in_process, in_job = measured.recoveries
+    assert in_process.seconds == pytest.approx(3.1)  # fault -> first step of the next attempt
+    assert in_process.restore_s == pytest.approx(0.5)
+    assert in_job.seconds == pytest.approx(8.7) and in_job.restore_s == pytest.approx(2.5)
+    assert t.restart_in_process is not None and t.restart_in_job is not None
+    restart = measured.restart("in_job")
+    assert restart is not None and restart[0] == pytest.approx(6.2) and restart[1] == 1
+    assert measured.counts == {
+        "step": 3,
+        "save_block": 3,
+        "save_write": 2,
+        "restore": 2,
+        "restart_in_process": 1,
+        "restart_in_job": 1,
+    }
+
+
+def test_in_job_is_told_from_a_higher_restart_count_alone() -> None:
+    log = Log().step(1, None).step(10, 1.0).at(1.0, "fault_injected", step=12, pid=1, kind="sigkill")
+    log.step(11, None, pid=5, restarts=1)
+    assert [r.layer for r in measure_events(log.events, "x").recoveries] == ["in_job"]
+
+
+def test_memory_loads_count_when_no_load_read_storage() -> None:
+    log = Log().at(1, "checkpoint_restored", seconds=0.1, source="memory")
+    measured = measure_events(log.events, "x")
+    assert measured.restore_from == "memory" and measured.counts["restore"] == 1
+
+
+def test_junk_is_ignored() -> None:
+    events: list[dict[str, Any]] = [
+        {"event": "step"},
+        {"ts": "x", "event": "step"},
+        {"ts": 1.0, "event": "step", "step_s": -1, "step": 3},
+    ]
+    measured = measure_events(events, "x")
+    assert measured.timings == Timings()
+    assert not measured.recoveries
+
+
+def test_missing_data_names_the_file_and_what_is_missing(tmp_path: Path) -> None:
+    path = Log().at(0, "launcher_start").step(1, None).write(tmp_path / "events.jsonl")
+    measured = read_measured(tmp_path)
+    with pytest.raises(UsageError) as caught:
+        measured.require(["step", "save_block", "save_write"])
+    message = caught.value.message
+    assert str(path) in message
+    assert "step timings" in message and "checkpoint saves" in message and "committed checkpoints" in message
+    assert "--step-time" in caught.value.fix and "--save-write" in caught.value.fix
+    measured.require([])  # nothing asked, nothing missing
+
+
+def test_unusable_paths(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="has no events.jsonl"):
+        events_file(tmp_path)
+    with pytest.raises(UsageError, match="does not exist"):
+        events_file(tmp_path / "nope.jsonl")
+    (tmp_path / "events.jsonl").write_text("not json\n{also not\n", encoding="utf-8")
+    with pytest.raises(UsageError, match="holds no events"):
+        read_measured(tmp_path)
+
+
+def test_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
+    path = two_rank_run().write(tmp_path / "events.jsonl")
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write('{"ts": 2000, "event": "step", "step_s": 99')
+    assert read_measured(path).timings.step.max == pytest.approx(0.7)  # type: ignore[union-attr]
+
+
+def test_the_cpu_demo_log() -> None:
+    """The built-in demo job on CPU: an exception at step 50 (in-process), a SIGKILL at 90 (in-job)."""
+    measured = read_measured(CPU_LOG)
+    t = measured.timings
+    assert t.step is not None and 0.01 < t.step.median < 1.0
+    assert t.save_block is not None and t.save_write is not None and t.restore is not None
+    assert [(r.layer, r.step) for r in measured.recoveries] == [("in_process", 50), ("in_job", 90)]
+    in_process, in_job = (r.seconds for r in measured.recoveries)
+    assert 1.0 < in_process < in_job < 60.0
+    assert measured.counts["save_block"] == 12 and measured.counts["save_write"] == 6
+
+
+def test_the_gpu_demo_log_shows_saves_waiting_for_the_previous_write() -> None:
+    measured = read_measured(GPU_LOG)
+    assert [r.layer for r in measured.recoveries] == ["in_process", "in_process", "in_job"]
+    assert len(measured.waits) == 7  # interval 10 at ~2 ms steps: every save waited
+    t = measured.timings
+    assert t.save_block is not None and t.save_block.median < 0.05  # staging alone, waits left out
+
+
+def test_measured_timings_are_a_valid_timings_file(tmp_path: Path) -> None:
+    """The shared format: what --from-run measures, `validate --timings` reads back."""
+    timings = read_measured(CPU_LOG).timings
+    path = tmp_path / "timings.json"
+    path.write_text(timings.model_dump_json(exclude_none=True), encoding="utf-8")
+    parsed = read_timings(path)
+    assert parsed.findings == [] and parsed.model == timings
