@@ -1,0 +1,215 @@
+"""The side-by-side recovery benchmark: the same job and fault schedule under three recovery arms.
+
+Arms (each with async and with sync checkpoints):
+
+  pod         what Kubernetes alone does: plain torchrun without restarts; when any worker fails,
+              every process of the node exits and the driver starts torchrun again from scratch
+              (no scheduling or image-pull delay is added: a lower bound for a pod restart)
+  in-job      `nvtrain run` with in-process restart off: ft_launcher restarts the workers
+  in-process  `nvtrain run` with in-process restart on (soft faults), ft_launcher for the rest
+
+Every arm runs the demo training script (FSDP2, gloo, 2 ranks) with the worker library, the same
+deterministic faults (exception, hang, SIGKILL, exception, SIGKILL by default) and checkpoints every
+--interval steps; the figures come from `nvtrain report --json` on each run's events log.
+
+    python benchmarks/recovery/side_by_side.py --out /tmp/sbs --json /tmp/sbs.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+KINDS = ["exception", "hang", "sigkill", "exception", "sigkill"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def policy_text(arm: str, mode: str, args: argparse.Namespace, ckpt: Path, port: int) -> str:
+    steps, faults = args.steps, []
+    gap = steps // (args.faults + 1)
+    for i in range(args.faults):
+        # mid-interval, so each fault loses about half an interval of work
+        step = gap * (i + 1) + args.interval // 2
+        faults.append(f'[[faults]]\nstep = {step}\nrank = {(i + 1) % 2}\nkind = "{KINDS[i % len(KINDS)]}"\n')
+    in_process = "true" if arm == "in-process" else "false"
+    return f"""[job]
+name = "sbs-{arm}-{mode}"
+module = "nvtrain.demo"
+args = ["--steps", "{steps}", "--step-time", "{args.step_time}", "--log-every", "10"]
+nproc_per_node = 2
+backend = "gloo"
+collective_timeout = "6s"
+
+[rendezvous]
+port = {port}
+
+[heartbeat]
+initial_timeout = "90s"
+timeout = "15s"
+monitor_interval = "1s"
+
+[restart]
+escalate_after = 20
+
+[restart.in_process]
+enabled = {in_process}
+soft_timeout = "4s"
+hard_timeout = "10s"
+max_attempts = 10
+
+[restart.in_job]
+max_restarts = 10
+
+[checkpoint]
+dir = "{ckpt}"
+interval = {args.interval}
+keep = 2
+async = {"true" if mode == "async" else "false"}
+
+""" + "\n".join(faults)
+
+
+def run_nvtrain(policy: Path, run_id: str, log: Path, timeout: float) -> int:
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "nvtrain", "run", str(policy), "--run-id", run_id],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            return -9
+
+
+def run_pod_restarts(policy_path: Path, run_id: str, log: Path, timeout: float) -> int:
+    """torchrun without restarts, started again from scratch after every failure."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+    from nvtrain.config.validation import load_policy
+    from nvtrain.events import EventLog
+
+    policy = load_policy(policy_path)
+    run_dir = Path(policy.checkpoint.dir) / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    resolved = run_dir.parent / f"{run_id}.policy.json"
+    resolved.write_text(policy.model_dump_json(by_alias=True))
+    events = EventLog(run_dir / "events.jsonl", node=0, run_id=run_id, source="launcher")
+    env = {
+        **os.environ,
+        "NVTRAIN_POLICY": str(resolved),
+        "NVTRAIN_RUN_ID": run_id,
+        "NVTRAIN_EVENTS": str(run_dir / "events.jsonl"),
+        "TORCH_CPP_LOG_LEVEL": "ERROR",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    }
+    deadline = time.monotonic() + timeout
+    events.emit("launcher_start", arm="pod")
+    restarts = 0
+    with log.open("w") as out:
+        while True:
+            argv = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc-per-node=2",
+                "--max-restarts=0",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+                "-m",
+                "nvtrain.demo",
+                *policy.job.args,
+            ]
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+            try:
+                code = proc.wait(max(deadline - time.monotonic(), 1))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                code = -9
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the whole "pod" goes, nothing survives
+            except ProcessLookupError:
+                pass
+            if code == 0 or time.monotonic() >= deadline or restarts >= policy.restart.in_job.max_restarts:
+                events.emit("launcher_exit", exit_code=code, cause="pod-restart baseline ended")
+                return code
+            restarts += 1
+            events.emit("worker_failed", local_rank=None, worker_pid=proc.pid, exit_code=code, signal=None)
+            events.emit("restart_begin", layer="pod", attempts_left=None, max_restarts=None)
+
+
+def report(run_dir: Path) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "nvtrain", "report", str(run_dir), "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        return {"error": out.stderr.strip()[-500:]}
+    return dict(json.loads(out.stdout))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--faults", type=int, default=5)
+    parser.add_argument("--interval", type=int, default=10)
+    parser.add_argument("--step-time", type=float, default=0.05)
+    parser.add_argument("--arms", default="pod,in-job,in-process")
+    parser.add_argument("--modes", default="async,sync")
+    parser.add_argument("--timeout", type=float, default=400.0, help="per run, seconds")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/nvtrain-side-by-side"))
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "runs": {},
+    }
+    for mode in args.modes.split(","):
+        for arm in args.arms.split(","):
+            key = f"{arm}/{mode}"
+            run_id = f"{arm}-{mode}-{int(time.time())}"
+            ckpt = args.out / "ckpt"
+            policy = args.out / f"{arm}-{mode}.toml"
+            policy.write_text(policy_text(arm, mode, args, ckpt, free_port()))
+            log = args.out / f"{arm}-{mode}.log"
+            t0 = time.monotonic()
+            runner = run_pod_restarts if arm == "pod" else run_nvtrain
+            code = runner(policy, run_id, log, args.timeout)
+            wall = time.monotonic() - t0
+            rep = report(ckpt / run_id)
+            results["runs"][key] = {
+                "exit_code": code,
+                "wall_s": round(wall, 2),
+                "run_dir": str(ckpt / run_id),
+                "report": rep,
+            }
+            print(f"{key}: exit {code}, {wall:.1f} s", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    print(
+        json.dumps({k: {"exit": v["exit_code"], "wall_s": v["wall_s"]} for k, v in results["runs"].items()})
+    )
+
+
+if __name__ == "__main__":
+    main()
