@@ -85,6 +85,12 @@ def main() -> None:
     parser.add_argument("--saves", type=int, default=3)
     parser.add_argument("--dir", default="/tmp/nvtrain-ckpt-bench")
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--step-time", type=float, default=1.0, help="step time (s) for the checkpoint-efficiency column"
+    )
+    parser.add_argument(
+        "--interval", type=int, default=100, help="steps between saves for the checkpoint-efficiency column"
+    )
     args = parser.parse_args()
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -160,14 +166,19 @@ def main() -> None:
         "until_committed_s": {k: [round(x, 4) for x in v] for k, v in background.items()},
         "events_blocked_s": staged,
     }
-    print("\n| arm | median blocked (s) | steady (saves 2..) median | x floor | median until written (s) |")
-    print("|---|---|---|---|---|")
+    between = args.interval * args.step_time
+    print(f"\nefficiency = {args.interval} steps x {args.step_time} s / (that + blocked per save)")
+    print(
+        "\n| arm | median blocked (s) | steady (saves 2..) median | x floor | median until written (s) "
+        f"| efficiency at {args.interval} x {args.step_time} s |"
+    )
+    print("|---|---|---|---|---|---|")
     for mode, values in blocked.items():
         steady = statistics.median(values[1:]) if len(values) > 1 else values[0]
         ratio = f"{steady / floor:.2f}" if floor else "-"
         print(
             f"| {mode} | {statistics.median(values):.3f} | {steady:.3f} | {ratio} | "
-            f"{statistics.median(background[mode]):.3f} |"
+            f"{statistics.median(background[mode]):.3f} | {between / (between + steady):.2%} |"
         )
     print(
         f"\nstate {nbytes / 1e9:.2f} GB; pinned D2H "

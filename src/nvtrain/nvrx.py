@@ -1,8 +1,8 @@
 """What each NVIDIA Resiliency Extension (NVRx) version accepts and how it behaves.
 
 This is the one place that knows the differences between NVRx 0.4 and 0.6/0.7 (see
-``docs/nvrx.md``). It never imports NVRx: the installed version is read from package metadata,
-so ``nvtrain validate`` stays fast and works where NVRx is not installed.
+``docs/run.md`` and ``docs/worker.md``). It never imports NVRx: the installed version is read
+from package metadata, so ``nvtrain validate`` stays fast and works where NVRx is not installed.
 """
 
 from __future__ import annotations

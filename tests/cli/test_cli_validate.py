@@ -125,7 +125,7 @@ def test_warnings_exit_0_and_1_with_strict() -> None:
 def test_strict_ignores_info_findings() -> None:
     result = validate(str(POLICIES / "valid" / "hot_spares_nvrx_0_7.toml"), "--nvrx", "0.7.0", "--strict")
     assert result.exit_code == 0
-    assert result.stderr.splitlines()[0].endswith(": no problems")
+    assert result.stderr.splitlines()[0].endswith(": no errors or warnings")
     assert " info [rendezvous] min_nodes = 4" in result.stderr
 
 

@@ -29,6 +29,8 @@ from typing import Any
 import psutil
 import pytest
 
+from nvtrain.events import read_events as events_in
+
 BIN = Path(__file__).resolve().parent / "bin"
 LAUNCHER_MODULE = "nvidia_resiliency_ext.fault_tolerance.launcher"
 TOKEN_VAR = "NVT_TEST_TOKEN"
@@ -115,15 +117,7 @@ def make_policy(
 
 def read_events(path: Path) -> list[dict[str, Any]]:
     """The events in ``path`` (a torn last line is skipped); [] when there is no file."""
-    if not path.is_file():
-        return []
-    events = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            record = json.loads(line)
-            if isinstance(record, dict):
-                events.append(record)
-    return events
+    return events_in(path) if path.is_file() else []
 
 
 def processes_with_env(name: str, value: str) -> list[psutil.Process]:

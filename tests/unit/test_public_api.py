@@ -58,6 +58,7 @@ def test_cli_commands() -> None:
         "tune-interval",
         "init",
         "manifest",
+        "report",
     ]
 
 

@@ -224,7 +224,7 @@ def test_heartbeat_timeout_not_longer_than_the_longest_step_is_an_error(tmp_path
             13,
             '"5m"',
             "is not longer than the longest measured step (5m): healthy workers would be taken for hung",
-            'raise it to at least "15m"',
+            'raise it to at least "7m30s"',
         ),
     ]
     errors = check(tmp_path, 'step = "5m"\n')

@@ -128,10 +128,9 @@ def test_a_bad_key_is_not_reported_twice() -> None:
     # heartbeat.timeout fails its type check; the rules that compare it are not run on a default.
     text = MINIMAL + '[heartbeat]\ntimeout = "soon"\ninitial_timeout = "1s"\n'
     result = validate_source(text, "p.toml", nvrx=NVRX)
-    assert codes(result) == [
-        ("value_error", "[heartbeat] timeout", 5),
-        ("heartbeat-order", "[heartbeat] initial_timeout", 6),
-    ]
+    # initial_timeout = "1s" would only break the order against the default timeout (15m),
+    # a value the user never wrote: that finding is left out.
+    assert codes(result) == [("value_error", "[heartbeat] timeout", 5)]
 
 
 def test_cross_field_rules_do_not_run_without_a_job_name() -> None:

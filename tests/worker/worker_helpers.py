@@ -25,6 +25,8 @@ from typing import Any
 
 import psutil
 
+from nvtrain.events import read_events as events_in
+
 BIN = Path(__file__).resolve().parent / "bin"
 TOKEN_VAR = "NVT_WORKER_TEST_TOKEN"
 
@@ -159,16 +161,8 @@ class RunResult:
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
-    """Every complete event of ``path``; [] when there is no file."""
-    if not path.is_file():
-        return []
-    events = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            record = json.loads(line)
-            if isinstance(record, dict):
-                events.append(record)
-    return events
+    """The events in ``path`` (a torn last line is skipped); [] when there is no file."""
+    return events_in(path) if path.is_file() else []
 
 
 def run_nvtrain(policy: Path, run_id: str, checkpoint_dir: Path, cwd: Path, timeout: float) -> RunResult:

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from nvtrain import __version__
-from nvtrain.cli import init, manifest, run, schema, tune_interval, validate
+from nvtrain.cli import init, manifest, report, run, schema, tune_interval, validate
 
 __all__ = ["app", "main"]
 
@@ -50,6 +50,7 @@ app.command("schema")(schema.command)
 app.command("tune-interval")(tune_interval.command)
 app.command("init")(init.command)
 app.command("manifest")(manifest.command)
+app.command("report")(report.command)
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ the caller places them in the file.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -242,7 +243,10 @@ def _in_process(p: Policy) -> Iterator[Finding]:
             f'lower hard_timeout below "{_d(p.heartbeat.timeout)}" or raise the heartbeat timeout',
         )
     collective = p.job.collective_timeout
-    if p.job.backend == "gloo":
+    backend = p.job.backend
+    if backend == "auto":  # what the workers will pick: gloo for CPU jobs, NCCL on GPUs
+        backend = "gloo" if p.job.nproc_per_node == "cpu" else "nccl"
+    if backend == "gloo":
         if collective >= ip.hard_timeout:
             yield _f(
                 "error",
@@ -292,7 +296,8 @@ def _recovery(p: Policy) -> Iterator[Finding]:
             "restart",
             "escalate_after",
             r.escalate_after,
-            f"has no effect: the in-job budget ({r.in_job.max_restarts} restarts) ends the "
+            f"has no effect: the in-job budget ({r.in_job.max_restarts} restart"
+            f"{'s' if r.in_job.max_restarts != 1 else ''}) ends the "
             "job before the same fault can repeat this often",
             f"use at most {r.in_job.max_restarts + 1}, or raise [restart.in_job] max_restarts",
         )
@@ -475,7 +480,7 @@ def _timing_rules(p: Policy, t: Timings) -> Iterator[Finding]:
                     limit,
                     f"is not longer than the longest measured step ({_d(gap)}): "
                     "healthy workers would be taken for hung",
-                    f'raise it to at least "{_d(gap * MARGIN * 2)}"',
+                    f'raise it to at least "{_d(gap * MARGIN)}"',
                 )
             elif limit < gap * MARGIN:
                 yield _f(
@@ -515,7 +520,7 @@ def _timing_rules(p: Policy, t: Timings) -> Iterator[Finding]:
     if c.async_ and t.step is not None and t.save_write is not None:
         between = c.interval * t.step.median
         if between < t.save_write.median:
-            need = -(-t.save_write.median * MARGIN // t.step.median)
+            need = math.ceil(t.save_write.median * MARGIN / t.step.median - 1e-9)
             yield _f(
                 "warning",
                 "write-bound",

@@ -21,6 +21,7 @@ from pydantic_core import ErrorDetails
 from nvtrain.config.duration import format_duration, is_duration_field
 from nvtrain.config.findings import Finding, table_label, toml_value
 from nvtrain.config.locate import Positions, key_positions, lookup
+from nvtrain.config.schema import table_model
 
 __all__ = ["Parsed", "attach_positions", "parse_model", "read_source", "validate_data"]
 
@@ -159,7 +160,7 @@ def _model_at(model: type[BaseModel], path: Sequence[str | int]) -> type[BaseMod
         info = fields.get(part) or next((f for f in fields.values() if f.alias == part), None)
         if info is None:
             return None
-        current = _inner_model(info.annotation)
+        current = table_model(info.annotation)
         if current is None:
             return None
     return current if _is_model(current) else None
@@ -167,16 +168,6 @@ def _model_at(model: type[BaseModel], path: Sequence[str | int]) -> type[BaseMod
 
 def _is_model(obj: object) -> bool:
     return isinstance(obj, type) and issubclass(obj, BaseModel)
-
-
-def _inner_model(annotation: Any) -> type[BaseModel] | None:
-    if _is_model(annotation):
-        return typing.cast(type[BaseModel], annotation)
-    for arg in typing.get_args(annotation):
-        found = _inner_model(arg)
-        if found is not None:
-            return found
-    return None
 
 
 def _key_names(model: type[BaseModel]) -> list[str]:

@@ -18,7 +18,7 @@ from pydantic.fields import FieldInfo
 
 from nvtrain.config.duration import format_duration, is_duration_field
 from nvtrain.config.findings import toml_value
-from nvtrain.config.schema import Policy
+from nvtrain.config.schema import Policy, table_model
 
 __all__ = ["BEGIN", "END", "key_reference", "schema_json", "update_docs"]
 
@@ -69,20 +69,10 @@ def _tables(model: type[BaseModel], name: str, out: list[tuple[str, type[BaseMod
     out.append((name, model))
     for field_name, info in model.model_fields.items():
         key = info.alias or field_name
-        inner = _model_of(info.annotation)
+        inner = table_model(info.annotation)
         if inner is not None:
             child = f"{name}.{key}" if name else key
             _tables(inner, child, out)
-
-
-def _model_of(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _model_of(arg)
-        if found is not None:
-            return found
-    return None
 
 
 def key_reference() -> str:
@@ -96,7 +86,7 @@ def key_reference() -> str:
         rows = [
             (info.alias or key, info)
             for key, info in model.model_fields.items()
-            if _model_of(info.annotation) is None
+            if table_model(info.annotation) is None
         ]
         if not rows:
             continue

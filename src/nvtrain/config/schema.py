@@ -7,7 +7,8 @@ live in ``checks.py`` so that ``nvtrain validate`` can report all of them at onc
 
 from __future__ import annotations
 
-from typing import Literal
+import typing
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,6 +25,7 @@ __all__ = [
     "Policy",
     "Rendezvous",
     "Restart",
+    "table_model",
 ]
 
 POLICY_CONFIG = ConfigDict(
@@ -246,3 +248,14 @@ class Policy(BaseModel):
         """Ranks in the full job, or None when `nproc_per_node` is "gpu"/"cpu" and not given."""
         nproc = self.job.nproc_per_node if nproc_per_node is None else nproc_per_node
         return None if isinstance(nproc, str) else self.rendezvous.nodes * nproc
+
+
+def table_model(annotation: Any) -> type[BaseModel] | None:
+    """The model inside a field's annotation (``Heartbeat``, ``list[Fault]``...), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = table_model(arg)
+        if found is not None:
+            return found
+    return None

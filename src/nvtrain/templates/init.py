@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import sys
 import textwrap
-import typing
 from importlib import resources
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from pydantic.fields import FieldInfo
 
 from nvtrain.config.duration import format_duration, is_duration_field
 from nvtrain.config.findings import toml_value
-from nvtrain.config.schema import Fault, Policy
+from nvtrain.config.schema import Fault, Policy, table_model
 from nvtrain.errors import UsageError
 
 __all__ = ["STARTER_FILES", "init_project", "starter_policy", "starter_text"]
@@ -117,16 +116,6 @@ def _default_text(info: FieldInfo) -> str | None:
     return toml_value(info.default)
 
 
-def _model_of(annotation: object) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _model_of(arg)
-        if found is not None:
-            return found
-    return None
-
-
 def _table(name: str, model: type[BaseModel], *, commented: bool = False) -> list[str]:
     """``[name]`` with every plain key of ``model``, then its sub-tables."""
     lead = "# " if commented else ""
@@ -138,7 +127,7 @@ def _table(name: str, model: type[BaseModel], *, commented: bool = False) -> lis
     tables: list[tuple[str, type[BaseModel]]] = []
     for field, info in model.model_fields.items():
         key = info.alias or field
-        inner = _model_of(info.annotation)
+        inner = table_model(info.annotation)
         if inner is not None:
             tables.append((f"{name}.{key}", inner))
             continue
@@ -162,7 +151,7 @@ def starter_policy() -> str:
     """The starter policy's text: every table and key of the schema, each with its docstring."""
     lines = [f"# {line}".rstrip() for line in _HEADER.splitlines()]
     for field, info in Policy.model_fields.items():
-        inner = _model_of(info.annotation)
+        inner = table_model(info.annotation)
         assert inner is not None, f"Policy.{field} is not a table"
         if inner is Fault:
             lines += [

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,7 +29,20 @@ from nvtrain.errors import UsageError
 from nvtrain.events import read_events
 from nvtrain.tuning.timings import Measure, Timings
 
-__all__ = ["EVENTS_FILE", "Layer", "Measured", "Recovery", "events_file", "measure_events", "read_measured"]
+__all__ = [
+    "EVENTS_FILE",
+    "Layer",
+    "Measured",
+    "Recovery",
+    "RecoveryGroup",
+    "events_file",
+    "measure_events",
+    "read_log",
+    "read_measured",
+    "recovery_groups",
+    "recovery_of",
+    "time_ordered",
+]
 
 EVENTS_FILE = "events.jsonl"
 """Name of the events log in a run directory (``<checkpoint dir>/<run id>/``)."""
@@ -109,39 +122,52 @@ class Measured:
         return max(0.0, statistics.median(values)), len(values)
 
 
-def events_file(path: Path) -> Path:
-    """The events log at ``path``: the file itself, or ``events.jsonl`` in a run directory."""
+def events_file(path: Path, what: str = "--from-run") -> Path:
+    """The events log at ``path``: the file itself, or ``events.jsonl`` in a run directory.
+    ``what`` (the option or argument that named it) starts the error message."""
     target = path / EVENTS_FILE if path.is_dir() else path
     if not target.is_file():
         where = f"{path} has no {EVENTS_FILE}" if path.is_dir() else f"{path} does not exist"
         raise UsageError(
-            f"--from-run: {where}",
+            f"{what}: {where}",
             f"give a run directory (<checkpoint dir>/<run id>) or its {EVENTS_FILE}",
         )
     return target
 
 
-def read_measured(path: Path) -> Measured:
-    """Measure the timings logged in the events log at ``path`` (a file or a run directory)."""
-    target = events_file(path)
+def read_log(path: Path, what: str = "--from-run") -> tuple[Path, list[dict[str, Any]]]:
+    """The events log at ``path`` (a file or a run directory) and its events; ``UsageError``
+    naming the file when it is missing, unreadable or holds no events."""
+    target = events_file(path, what)
     try:
         events = read_events(target)
     except OSError as exc:
         raise UsageError(
-            f"--from-run: {target} cannot be read ({exc.strerror or exc})",
+            f"{what}: {target} cannot be read ({exc.strerror or exc})",
             "check the path and its permissions",
         ) from None
     if not events:
         raise UsageError(
-            f"--from-run: {target} holds no events",
+            f"{what}: {target} holds no events",
             f"give the {EVENTS_FILE} that `nvtrain run` wrote in the run directory",
         )
+    return target, events
+
+
+def read_measured(path: Path) -> Measured:
+    """Measure the timings logged in the events log at ``path`` (a file or a run directory)."""
+    target, events = read_log(path)
     return measure_events(events, str(target))
+
+
+def time_ordered(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events that have a time stamp, oldest first (the order every analysis here uses)."""
+    return sorted((e for e in events if _number(e.get("ts")) is not None), key=lambda e: float(e["ts"]))
 
 
 def measure_events(events: Sequence[dict[str, Any]], source: str) -> Measured:
     """Measure the timings of ``events`` (as ``read_events`` returns them); never raises."""
-    ordered = sorted((e for e in events if _number(e.get("ts")) is not None), key=lambda e: float(e["ts"]))
+    ordered = time_ordered(events)
     saves = _saves(ordered)
     steps = _step_times(ordered, {(e.get("pid"), step) for e, step in saves})
     blocks = [b for _, b in _blocks(ordered)]
@@ -235,48 +261,80 @@ def _restores(events: Sequence[dict[str, Any]]) -> tuple[list[float], Literal["s
     return [], None
 
 
-def _recoveries(events: Sequence[dict[str, Any]]) -> Iterable[Recovery]:
-    """Group faults by the first completed step that follows them."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class RecoveryGroup:
+    """The events of one recovery, as indexes into the time-ordered events."""
+
+    triggers: tuple[int, ...]
+    """The faults and restarts that the recovery answers, oldest first."""
+    first_step: int | None
+    """The first completed step of the next attempt; None when none followed (the run ended,
+    or is still recovering)."""
+
+
+def recovery_groups(
+    events: Sequence[dict[str, Any]], is_trigger: Callable[[dict[str, Any]], bool] | None = None
+) -> list[RecoveryGroup]:
+    """Group faults by the first completed step that follows them (``events`` time-ordered).
+
+    ``is_trigger`` says which events start a recovery (default: ``fault_injected``,
+    ``worker_failed``, ``restart_begin``, ``relaunch``). Triggers that no completed step
+    follows form one last group with ``first_step`` None.
+    """
+    triggered = is_trigger or (lambda e: e.get("event") in _TRIGGERS)
     firsts = [
-        (i, e)
+        i
         for i, e in enumerate(events)
         if e.get("event") == "step" and "step_s" in e and e.get("step_s") is None
     ]
-    groups: dict[int, list[int]] = {}
+    groups: dict[int | None, list[int]] = {}
     for i, e in enumerate(events):
-        if e.get("event") not in _TRIGGERS:
+        if not triggered(e):
             continue
-        after = next((j for j, _ in firsts if j > i), None)
-        if after is not None:
-            groups.setdefault(after, []).append(i)
-    for first_index, trigger_indexes in sorted(groups.items()):
-        start = min(trigger_indexes)
-        first = events[first_index]
-        triggers = [events[i] for i in trigger_indexes]
-        before = [e.get("restart_count") for e in events[:start] if e.get("event") == "step"]
-        counts_before = [c for c in before if isinstance(c, int)]
-        rose = (
-            isinstance(first.get("restart_count"), int)
-            and bool(counts_before)
-            and first["restart_count"] > max(counts_before)
-        )
-        new_processes = any(
-            t.get("event") in _NEW_PROCESSES
-            or (t.get("event") == "restart_begin" and t.get("layer") != "in_process")
-            for t in triggers
-        )
-        loads = [
-            v
-            for e in events[start:first_index]
-            if e.get("event") == "checkpoint_restored" and (v := _number(e.get("seconds"))) is not None
-        ]
-        fault_step = next((t.get("step") for t in triggers if isinstance(t.get("step"), int)), None)
-        yield Recovery(
-            layer="in_job" if rose or new_processes else "in_process",
-            seconds=float(first["ts"]) - float(events[start]["ts"]),
-            restore_s=max(loads, default=0.0),
-            step=fault_step,
-        )
+        after = next((j for j in firsts if j > i), None)
+        groups.setdefault(after, []).append(i)
+    ordered = sorted(groups.items(), key=lambda item: len(events) if item[0] is None else item[0])
+    return [RecoveryGroup(tuple(triggers), first) for first, triggers in ordered]
+
+
+def recovery_of(events: Sequence[dict[str, Any]], group: RecoveryGroup) -> Recovery | None:
+    """The recovery that ``group`` records (None when no completed step followed it)."""
+    if group.first_step is None:
+        return None
+    first_index, start = group.first_step, group.triggers[0]
+    first = events[first_index]
+    triggers = [events[i] for i in group.triggers]
+    before = [e.get("restart_count") for e in events[:start] if e.get("event") == "step"]
+    counts_before = [c for c in before if isinstance(c, int)]
+    rose = (
+        isinstance(first.get("restart_count"), int)
+        and bool(counts_before)
+        and first["restart_count"] > max(counts_before)
+    )
+    new_processes = any(
+        t.get("event") in _NEW_PROCESSES
+        or (t.get("event") == "restart_begin" and t.get("layer") != "in_process")
+        for t in triggers
+    )
+    loads = [
+        v
+        for e in events[start:first_index]
+        if e.get("event") == "checkpoint_restored" and (v := _number(e.get("seconds"))) is not None
+    ]
+    fault_step = next((t.get("step") for t in triggers if isinstance(t.get("step"), int)), None)
+    return Recovery(
+        layer="in_job" if rose or new_processes else "in_process",
+        seconds=float(first["ts"]) - float(events[start]["ts"]),
+        restore_s=max(loads, default=0.0),
+        step=fault_step,
+    )
+
+
+def _recoveries(events: Sequence[dict[str, Any]]) -> Iterable[Recovery]:
+    for group in recovery_groups(events):
+        recovery = recovery_of(events, group)
+        if recovery is not None:
+            yield recovery
 
 
 def _measure(values: Sequence[float]) -> Measure | None:

@@ -1,0 +1,57 @@
+"""``nvtrain report``: goodput, recoveries, rollbacks and checkpoints of a run, from its events log."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from nvtrain.cli._errors import exit_on_error
+from nvtrain.errors import UsageError
+
+
+@exit_on_error
+def command(
+    run_dir: Annotated[
+        Path,
+        typer.Argument(
+            metavar="RUN_DIR",
+            help="Run directory (<checkpoint dir>/<run id>) or its events.jsonl.",
+            show_default=False,
+        ),
+    ],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    timeline: Annotated[
+        Path | None,
+        typer.Option(
+            "--timeline",
+            metavar="PNG",
+            help="Write the PNG timeline here (default: report-timeline.png next to the log).",
+        ),
+    ] = None,
+    no_timeline: Annotated[
+        bool, typer.Option("--no-timeline", help="Draw no PNG (then matplotlib is not needed).")
+    ] = False,
+) -> None:
+    """Report a run from its events log: training and infrastructure goodput, recovery time per
+    fault and per layer, restarts, rollbacks, checkpoints, and a PNG timeline.
+
+    Exit 0 with a report; 2 when the log is missing, unreadable or empty, or the PNG cannot be
+    drawn (matplotlib missing: pip install 'nvtrain[report]').
+    """
+    from nvtrain.report import TIMELINE_FILE, read_report, write_timeline
+
+    if timeline is not None and no_timeline:
+        raise UsageError("--timeline and --no-timeline cannot be used together", "give one of them")
+    report = read_report(run_dir)
+    png = None
+    if not no_timeline:
+        png = write_timeline(report, timeline or Path(report.source).parent / TIMELINE_FILE)
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(timeline=None if png is None else str(png)), indent=2))
+        return
+    from nvtrain.cli import _console
+
+    _console.print_report(report, png)

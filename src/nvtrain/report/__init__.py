@@ -1,0 +1,59 @@
+"""``nvtrain report``: goodput, recoveries, rollbacks and checkpoints of a run, from its events log.
+
+``model`` computes (pure: event dicts in, dataclasses out), ``timeline`` draws the PNG
+(matplotlib, the ``report`` extra, imported only when drawing), ``read_report`` reads a run
+directory or its ``events.jsonl``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nvtrain.report.model import (
+    INFRASTRUCTURE_GOODPUT,
+    PHASES,
+    TOTAL_JOB_TIME,
+    TRAINING_GOODPUT,
+    Checkpoints,
+    Incident,
+    LayerRecovery,
+    Report,
+    Segment,
+    Stats,
+    TimeSplit,
+    build_report,
+)
+from nvtrain.report.timeline import TIMELINE_FILE, write_timeline
+
+__all__ = [
+    "INFRASTRUCTURE_GOODPUT",
+    "PHASES",
+    "TIMELINE_FILE",
+    "TOTAL_JOB_TIME",
+    "TRAINING_GOODPUT",
+    "Checkpoints",
+    "Incident",
+    "LayerRecovery",
+    "Report",
+    "Segment",
+    "Stats",
+    "TimeSplit",
+    "build_report",
+    "read_report",
+    "write_timeline",
+]
+
+
+def read_report(path: Path) -> Report:
+    """The report of the events log at ``path`` (a run directory or its ``events.jsonl``);
+    ``UsageError`` (exit 2) naming the file when it is missing, unreadable or empty."""
+    from nvtrain.errors import UsageError
+    from nvtrain.tuning.measured import read_log, time_ordered
+
+    target, events = read_log(path, "RUN_DIR")
+    if not time_ordered(events):
+        raise UsageError(
+            f"RUN_DIR: {target} holds no events with a time stamp",
+            "give the events.jsonl that `nvtrain run` wrote in the run directory",
+        )
+    return build_report(events, str(target))

@@ -1,0 +1,594 @@
+"""What ``nvtrain report`` computes from a run's events log: pure functions, dataclasses out.
+
+No I/O and no rendering here: ``build_report(events, source)`` takes the events as
+``read_events`` returns them and never raises. The definitions (docs/report.md says more):
+
+* **Total job time**: the first event of the run to its last, every node's events together.
+* **Training goodput**: the time spent on the steps that were kept (every step up to the final
+  one, each counted once; steps rolled back by a restore are not) over the total job time.
+  A step's time is the wall time between two logged steps of one attempt, less the checkpoint
+  saves that blocked the loop in between, spread evenly over the steps in between; the first
+  step of an attempt (whose logged time includes the restore) counts as that stretch's median.
+* **Infrastructure goodput**: the time the workers were up and usable over the total job time.
+  An attempt is up from its first completed step until the next fault, or until the workers'
+  last event when the run ends. Start-up, every recovery (detection, teardown, rendezvous, new
+  processes, restore) and the final shut-down are not up.
+* **Incidents**: faults and restarts grouped by the first completed step that follows them (the
+  grouping of ``nvtrain.tuning.measured``), each with its phases, restarts, rollback distance and
+  the checkpoint freshness at the fault.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from nvtrain.report._events import (
+    as_float,
+    as_int,
+    cause_of,
+    commit_times,
+    count_ranks,
+    exit_code_of,
+    is_fault,
+    is_restart,
+    last_worker_ts,
+    latest,
+    repeated_starts,
+    restart_layers,
+    resume_step,
+    split_at,
+    step_marks,
+    ts,
+)
+from nvtrain.report._json import report_dict
+from nvtrain.tuning.measured import (
+    RecoveryGroup,
+    measure_events,
+    recovery_groups,
+    recovery_of,
+    time_ordered,
+)
+
+__all__ = [
+    "INFRASTRUCTURE_GOODPUT",
+    "PHASES",
+    "TOTAL_JOB_TIME",
+    "TRAINING_GOODPUT",
+    "Checkpoints",
+    "Incident",
+    "LayerRecovery",
+    "Report",
+    "Segment",
+    "Stats",
+    "TimeSplit",
+    "build_report",
+]
+
+TOTAL_JOB_TIME = "the run's first event to its last (launcher_start to launcher_exit), every node's together"
+TRAINING_GOODPUT = (
+    "time of the steps that were kept (up to the final step, each counted once; rolled-back steps "
+    "excluded) / total job time"
+)
+INFRASTRUCTURE_GOODPUT = (
+    "time the workers were up (each attempt's first completed step to its fault, or to the "
+    "workers' last event) / total job time; start-up, recoveries and shut-down are not up"
+)
+
+PHASES = ("detection", "teardown", "rendezvous", "start", "restore", "first_step")
+"""Recovery phases, each ending at one event: ``restart_begin`` (or the launcher seeing the
+worker fail), ``restart_end`` (in-process), ``rendezvous_done`` (in-job), ``attempt_start``,
+``checkpoint_restored``, the first completed step."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stats:
+    """A distribution: median, 95th percentile, maximum, total and the number of samples."""
+
+    count: int
+    median: float
+    p95: float
+    max: float
+    total: float
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Stats | None:
+        """The distribution of ``values``; None when there are none. The 95th percentile is
+        interpolated (inclusive), as ``nvtrain.tuning.measured`` does."""
+        data = sorted(float(v) for v in values)
+        if not data:
+            return None
+        p95 = data[0] if len(data) == 1 else statistics.quantiles(data, n=20, method="inclusive")[18]
+        return cls(len(data), float(statistics.median(data)), float(p95), float(data[-1]), float(sum(data)))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Segment:
+    """A stretch of training between two recoveries (one attempt, every rank merged)."""
+
+    start_t: float | None
+    """The first completed step (seconds since the job started); None when none was logged."""
+    end_t: float
+    """The next fault, or the workers' last event when the run ended."""
+    restored_step: int
+    """The step it resumed after (0: from scratch)."""
+    last_step: int
+    """The last step it reached (a logged step, or the step an injected fault fired at)."""
+    kept_to: int
+    """Its steps up to this one were kept; the ones after it were rolled back later."""
+    points: tuple[tuple[float, int], ...]
+    """Logged steps: (seconds since the job started, step)."""
+    intervals: tuple[tuple[int, int, float], ...]
+    """(after step, to step, seconds per step) covering ``restored_step`` to ``last_step``."""
+
+    def work(self, after: int, to: int) -> float:
+        """Training time of the steps ``after`` < step <= ``to`` in this segment."""
+        return sum(max(0, min(b, to) - max(a, after)) * per for a, b, per in self.intervals)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Incident:
+    """One fault (or restart) and the recovery from it."""
+
+    index: int
+    layer: str
+    """The layer whose restart recovered: in_process, in_job, launcher, pod; none."""
+    cause: str
+    start_t: float
+    """The fault (or the first restart when no fault was logged), seconds since the job start."""
+    end_t: float | None
+    """The first completed step after it; None when it was not recovered."""
+    fault_logged: bool
+    phases: dict[str, float | None]
+    """Seconds per phase (``PHASES``); None when its event is missing (the next phase then
+    starts at the last event seen) or the layer has no such phase."""
+    restarts: dict[str, int]
+    """Restarts per layer, counted once across ranks and nodes."""
+    failed_attempts: int
+    """Restarts that reached no completed step."""
+    last_step: int | None
+    """The last step reached before the fault."""
+    restored_step: int | None
+    restore_source: str | None
+    rollback_steps: int | None
+    """``last_step`` less the step it resumed after (the newest committed one if not recovered)."""
+    lost_s: float | None
+    """Training time of the rolled-back steps."""
+    freshness_steps: int | None
+    """Steps since the newest committed checkpoint, at the fault."""
+    freshness_s: float | None
+    """Training time since the newest committed checkpoint's step, at the fault."""
+
+    @property
+    def recovered(self) -> bool:
+        return self.end_t is not None
+
+    @property
+    def seconds(self) -> float | None:
+        """Fault to the first completed step; None when not recovered."""
+        return None if self.end_t is None else self.end_t - self.start_t
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LayerRecovery:
+    """Recovery times of one layer's recovered incidents."""
+
+    layer: str
+    total: Stats
+    phases: dict[str, Stats | None]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Checkpoints:
+    """The run's saves: one save is every rank's save of one step in one attempt."""
+
+    saves: int
+    committed: int
+    partial: int
+    corrupt: int
+    failed: int
+    blocked: Stats | None
+    """Seconds the loop was blocked per save (the slowest rank)."""
+    waited: Stats | None
+    """Of which waiting for the previous save's write, when it did."""
+    background: Stats | None
+    """Seconds per background write (staged to committed)."""
+    commits: tuple[tuple[float, int], ...]
+    """(seconds since the job started, step) of each commit."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TimeSplit:
+    """Where the total job time went: start-up + up + recovering + shut-down."""
+
+    total: float
+    startup: float | None
+    up: float | None
+    recovering: float
+    shutdown: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """Everything ``nvtrain report`` shows, from one events log."""
+
+    source: str
+    run_id: str | None
+    start_ts: float
+    """Unix time of the first event; every other time is seconds after it."""
+    nodes: int
+    ranks: int | None
+    exit_code: int | None
+    time: TimeSplit
+    training_goodput: float | None
+    infrastructure_goodput: float | None
+    training_goodput_with_replays: float | None
+    """What training goodput would be if rolled-back steps counted (as the reference does)."""
+    final_step: int | None
+    kept_steps: int
+    kept_s: float
+    executed_steps: int
+    lost_steps: int
+    lost_s: float
+    step_s: float | None
+    """Median training time per step."""
+    incidents: tuple[Incident, ...]
+    layers: tuple[LayerRecovery, ...]
+    restarts_by_layer: dict[str, int]
+    restarts_by_cause: dict[str, int]
+    failed_attempts: int
+    rollback_steps: Stats | None
+    rollback_s: Stats | None
+    freshness_steps: Stats | None
+    """Steps since the newest committed checkpoint, at each fault."""
+    freshness_s: Stats | None
+    freshness: tuple[tuple[float, int, float], ...]
+    """(seconds since the job started, steps, seconds) since the newest committed checkpoint."""
+    checkpoints: Checkpoints
+    segments: tuple[Segment, ...]
+    notes: tuple[str, ...]
+
+    def to_dict(self, timeline: str | None = None) -> dict[str, Any]:
+        """The report as JSON-ready data (``nvtrain report --json``), with the path of the PNG
+        timeline when one was written."""
+        return {**report_dict(self), "timeline": timeline}
+
+
+# -- building ---------------------------------------------------------------------------------
+
+
+def build_report(events: Sequence[dict[str, Any]], source: str) -> Report:
+    """The report of ``events`` (as ``read_events`` returns them); never raises."""
+    ordered = time_ordered(events)
+    t0 = float(ordered[0]["ts"]) if ordered else 0.0
+    total = float(ordered[-1]["ts"]) - t0 if ordered else 0.0
+    repeats = repeated_starts(ordered)
+    groups = recovery_groups(ordered, lambda e: is_fault(e) or is_restart(e, repeats))
+    recovered = [g for g in groups if g.first_step is not None]
+    unrecovered = next((g for g in groups if g.first_step is None), None)
+    bounds = [float(ordered[g.first_step]["ts"]) for g in recovered if g.first_step is not None]
+    parts = split_at(ordered, bounds)
+    commits = commit_times(ordered, bounds, t0)
+    last_worker = last_worker_ts(ordered)
+
+    # Each part is one stretch of training: its logged steps, and the time per step between them.
+    marked = [step_marks(part) for part in parts]
+    resumed = [resume_step(part) for part in parts]
+    measured = [per for _, intervals in marked for _, _, per in intervals]
+    fallback = measure_events(ordered, source).timings.step
+    default = statistics.median(measured) if measured else (fallback.median if fallback else 0.0)
+    ends = [float(ordered[g.triggers[0]]["ts"]) for g in recovered]
+    ends.append(float(ordered[unrecovered.triggers[0]]["ts"]) if unrecovered else last_worker)
+    segments: list[Segment] = []
+    for k, (points, intervals) in enumerate(marked):
+        r = resumed[k]
+        last = max([r, *(step for _, step in points)])
+        own = [per for _, _, per in intervals]
+        estimate = statistics.median(own) if own else default
+        first = [(r, points[0][1], estimate)] if points and points[0][1] > r else []
+        segments.append(
+            Segment(
+                start_t=min(ts(e) for e in parts[k] if e.get("event") == "step") - t0 if points else None,
+                end_t=ends[k] - t0,
+                restored_step=r,
+                last_step=last,
+                kept_to=last,
+                points=tuple((t - t0, step) for t, step in points),
+                intervals=tuple(first + intervals),
+            )
+        )
+
+    # Where each recovery went back to: the step the next stretch resumed after; for a fault the
+    # run did not recover from, the restore it logged, else the newest committed checkpoint.
+    back_to = resumed[1:]
+    if unrecovered is not None:
+        restored = latest(ordered[unrecovered.triggers[0] :], "checkpoint_restored")
+        point = as_int(restored.get("step")) if restored else None
+        back_to.append(
+            point if point is not None else _newest_commit(commits, segments[-1], ends[-1] - t0)[0]
+        )
+    groups_in_order = [*recovered, *([unrecovered] if unrecovered else [])]
+    incidents = [
+        _incident(ordered, group, i + 1, segments[i], back_to[i], commits, t0, repeats)
+        for i, group in enumerate(groups_in_order)
+    ]
+    # A step is kept unless a later recovery went back before it.
+    for k, seg in enumerate(segments):
+        segments[k] = dataclasses.replace(seg, kept_to=min([seg.last_step, *back_to[k:]]))
+
+    kept_s = sum(s.work(s.restored_step, s.kept_to) for s in segments)
+    lost_s = sum(s.work(max(s.restored_step, s.kept_to), s.last_step) for s in segments)
+    kept_steps = sum(max(0, s.kept_to - s.restored_step) for s in segments)
+    executed = sum(max(0, s.last_step - s.restored_step) for s in segments)
+    has_steps = any(s.points for s in segments)
+    split = _time_split(segments, incidents, total, last_worker - t0, has_steps)
+    by_layer: Counter[str] = Counter()
+    by_cause: Counter[str] = Counter()
+    for inc in incidents:
+        by_layer.update(inc.restarts)
+        by_cause[inc.cause] += sum(inc.restarts.values())
+
+    def share(x: float | None) -> float | None:
+        return None if x is None or total <= 0 or not has_steps else x / total
+
+    return Report(
+        source=source,
+        run_id=next((str(e["run_id"]) for e in ordered if e.get("run_id") is not None), None),
+        start_ts=t0,
+        nodes=len({e.get("node") for e in ordered if e.get("event") == "launcher_start"}) or 1,
+        ranks=count_ranks(ordered),
+        exit_code=exit_code_of(ordered),
+        time=split,
+        training_goodput=share(kept_s),
+        infrastructure_goodput=share(split.up),
+        training_goodput_with_replays=share(kept_s + lost_s),
+        final_step=max(s.kept_to for s in segments) if has_steps else None,
+        kept_steps=kept_steps,
+        kept_s=kept_s,
+        executed_steps=executed,
+        lost_steps=executed - kept_steps,
+        lost_s=lost_s,
+        step_s=statistics.median(measured) if measured else None,
+        incidents=tuple(incidents),
+        layers=_layers(incidents),
+        restarts_by_layer=dict(by_layer),
+        restarts_by_cause=dict(by_cause),
+        failed_attempts=sum(i.failed_attempts for i in incidents),
+        rollback_steps=Stats.of(i.rollback_steps for i in incidents if i.rollback_steps is not None),
+        rollback_s=Stats.of(i.lost_s for i in incidents if i.lost_s is not None),
+        freshness_steps=Stats.of(i.freshness_steps for i in incidents if i.freshness_steps is not None),
+        freshness_s=Stats.of(i.freshness_s for i in incidents if i.freshness_s is not None),
+        freshness=_freshness_series(segments, commits),
+        checkpoints=_checkpoints(ordered, bounds, commits, t0),
+        segments=tuple(segments),
+        notes=_notes(ordered, segments, incidents, has_steps),
+    )
+
+
+# -- parts -------------------------------------------------------------------------------------
+
+
+def _newest_commit(commits: Sequence[tuple[float, int]], seg: Segment, at: float) -> tuple[int, float | None]:
+    """The newest checkpoint committed by time ``at`` that ``seg`` could go back to, and when
+    its step was reached (the restored one counts: it was committed before)."""
+    since = seg.start_t if seg.start_t is not None else float("-inf")
+    newer = [c for t, c in commits if since <= t <= at and seg.restored_step < c <= seg.last_step]
+    if not newer:
+        return seg.restored_step, seg.start_t
+    step = max(newer)
+    return step, next((t for t, s in seg.points if s == step), seg.start_t)
+
+
+def _incident(
+    events: Sequence[dict[str, Any]],
+    group: RecoveryGroup,
+    index: int,
+    seg: Segment,
+    back_to: int | None,
+    commits: Sequence[tuple[float, int]],
+    t0: float,
+    repeats: set[int],
+) -> Incident:
+    end = group.first_step
+    window = events[group.triggers[0] : len(events) if end is None else end]
+    start = ts(window[0])
+    restarts = restart_layers(window, repeats)
+    if restarts:
+        layer = restarts[-1]
+    else:
+        recovery = recovery_of(events, group)
+        layer = recovery.layer if recovery is not None else "none"
+    fault_logged = any(is_fault(e) for e in window)
+    detected = next((e for e in window if is_restart(e, repeats)), None) or next(
+        (e for e in window[1:] if e.get("event") in ("worker_failed", "hang_detected")), None
+    )
+    restored = latest(window, "checkpoint_restored")
+    milestones = {
+        "detection": detected if is_fault(window[0]) else None,
+        "teardown": latest(window, "restart_end"),
+        "rendezvous": latest(window, "rendezvous_done"),
+        "start": latest(window, "attempt_start"),
+        "restore": restored,
+        "first_step": events[end] if end is not None else None,
+    }
+    phases: dict[str, float | None] = {}
+    previous = start
+    for name, event in milestones.items():
+        if event is None or ts(event) < previous:
+            phases[name] = None
+            continue
+        phases[name] = ts(event) - previous
+        previous = ts(event)
+    if not fault_logged and detected is not None:
+        phases["detection"] = None
+    has_steps = bool(seg.points) or seg.restored_step > 0
+    last = seg.last_step if has_steps else None
+    restored_step = as_int(restored.get("step")) if restored else None
+    if restored_step is None and end is not None:
+        restored_step = back_to
+    fresh_step, fresh_t = _newest_commit(commits, seg, start - t0)
+    rollback = None if last is None or back_to is None else max(0, last - back_to)
+    return Incident(
+        index=index,
+        layer=layer,
+        cause=cause_of(window, repeats),
+        start_t=start - t0,
+        end_t=None if end is None else ts(events[end]) - t0,
+        fault_logged=fault_logged,
+        phases=phases,
+        restarts=dict(Counter(restarts)),
+        failed_attempts=max(0, len(restarts) - 1) if end is not None else len(restarts),
+        last_step=last,
+        restored_step=restored_step,
+        restore_source=str(restored.get("source")) if restored and restored.get("source") else None,
+        rollback_steps=rollback,
+        lost_s=None
+        if rollback is None or back_to is None
+        else seg.work(max(seg.restored_step, back_to), seg.last_step),
+        freshness_steps=None if last is None else last - fresh_step,
+        freshness_s=None if last is None or fresh_t is None else max(0.0, start - t0 - fresh_t),
+    )
+
+
+def _time_split(
+    segments: Sequence[Segment],
+    incidents: Sequence[Incident],
+    total: float,
+    last_worker: float,
+    has_steps: bool,
+) -> TimeSplit:
+    recovering = sum((total if i.end_t is None else i.end_t) - i.start_t for i in incidents)
+    if not has_steps:
+        return TimeSplit(total, None, None, recovering, None)
+    first = segments[0].start_t
+    startup = first if first is not None else (incidents[0].start_t if incidents else total)
+    up = sum(max(0.0, s.end_t - s.start_t) for s in segments if s.start_t is not None)
+    ended = not incidents or incidents[-1].recovered
+    return TimeSplit(total, startup, up, recovering, max(0.0, total - last_worker) if ended else 0.0)
+
+
+def _layers(incidents: Sequence[Incident]) -> tuple[LayerRecovery, ...]:
+    done = [i for i in incidents if i.seconds is not None]
+    out = []
+    for layer in dict.fromkeys(i.layer for i in done):
+        mine = [i for i in done if i.layer == layer]
+        total = Stats.of(i.seconds for i in mine if i.seconds is not None)
+        assert total is not None
+        phases = {p: Stats.of(v for i in mine if (v := i.phases.get(p)) is not None) for p in PHASES}
+        out.append(LayerRecovery(layer, total, phases))
+    return tuple(out)
+
+
+def _freshness_series(
+    segments: Sequence[Segment], commits: Sequence[tuple[float, int]]
+) -> tuple[tuple[float, int, float], ...]:
+    """Steps and seconds since the newest committed checkpoint's step, at every logged step, at
+    every commit (just before and just after it) and at the fault that ends each stretch."""
+    series: list[tuple[float, int, float]] = []
+    for seg in segments:
+        if seg.start_t is None or not seg.points:
+            continue
+        times = [t for t, _ in seg.points]
+        reached = {s: t for t, s in seg.points}
+        newest, newest_t = seg.restored_step, seg.start_t
+        changes = [(t, s, False) for t, s in seg.points]
+        changes += [
+            (t, c, True) for t, c in commits if seg.start_t <= t <= seg.end_t and c > seg.restored_step
+        ]
+        for t, step, committed in sorted(changes):
+            if not committed:
+                series.append((t, step - newest, t - newest_t))
+                continue
+            current = _step_at(seg.points, times, t)
+            if newest < step <= current:
+                series.append((t, round(current - newest), t - newest_t))
+                newest, newest_t = step, reached.get(step, t)
+                series.append((t, round(current - newest), t - newest_t))
+        series.append((seg.end_t, seg.last_step - newest, seg.end_t - newest_t))
+    return tuple(series)
+
+
+def _step_at(points: Sequence[tuple[float, int]], times: Sequence[float], t: float) -> float:
+    """The step a stretch had reached at time ``t``, between two logged steps."""
+    i = bisect.bisect_right(times, t)
+    if i == 0:
+        return float(points[0][1])
+    if i >= len(points):
+        return float(points[-1][1])
+    (ta, sa), (tb, sb) = points[i - 1], points[i]
+    return sa + (sb - sa) * (t - ta) / (tb - ta) if tb > ta else float(sb)
+
+
+def _checkpoints(
+    events: Sequence[dict[str, Any]], bounds: Sequence[float], commits: Sequence[tuple[float, int]], t0: float
+) -> Checkpoints:
+    blocked: dict[tuple[int, int], float] = {}
+    waited: dict[tuple[int, int], float] = {}
+    written: dict[tuple[int, int], float] = {}
+    sync: set[tuple[int, int]] = set()
+    failed: set[tuple[int, int]] = set()
+    partial: set[object] = set()
+    corrupt: set[object] = set()
+    for e in events:
+        name, step = e.get("event"), as_int(e.get("step"))
+        key = (bisect.bisect_right(bounds, ts(e)), step if step is not None else -1)
+        if name == "checkpoint_staged":
+            blocked[key] = max(blocked.get(key, 0.0), as_float(e.get("blocked_s")) or 0.0)
+            if e.get("async") is False:
+                sync.add(key)
+        elif name == "checkpoint_begin":
+            waited[key] = max(waited.get(key, 0.0), as_float(e.get("waited_for_previous_s")) or 0.0)
+        elif name == "checkpoint_committed" and (v := as_float(e.get("write_s"))) is not None:
+            written[key] = max(written.get(key, 0.0), v)
+        elif name == "checkpoint_failed":
+            failed.add(key)
+        elif name == "checkpoint_partial":
+            partial.add(e.get("path", step))
+        elif name == "checkpoint_corrupt":
+            corrupt.add(e.get("path", step))
+    return Checkpoints(
+        saves=len(set(blocked) | set(waited)),
+        committed=len(commits),
+        partial=len(partial),
+        corrupt=len(corrupt),
+        failed=len(failed),
+        blocked=Stats.of(blocked.values()),
+        waited=Stats.of(w for w in waited.values() if w > 0.01),
+        background=Stats.of(v for k, v in written.items() if k not in sync),
+        commits=tuple(commits),
+    )
+
+
+def _notes(
+    events: Sequence[dict[str, Any]],
+    segments: Sequence[Segment],
+    incidents: Sequence[Incident],
+    has_steps: bool,
+) -> tuple[str, ...]:
+    notes = []
+    if not has_steps:
+        notes.append(
+            "no `step` events: the script does not use nvtrain's worker library, so goodput, "
+            "rollback and freshness cannot be computed"
+        )
+    if not any(e.get("event") == "launcher_exit" for e in events):
+        notes.append(
+            "no launcher_exit: the run is still going, or its launcher was killed; "
+            "the job time ends at the last event"
+        )
+    if segments and segments[0].restored_step > 0:
+        notes.append(
+            f"the run started from step {segments[0].restored_step} (a checkpoint older than this log); "
+            "the steps before it are not counted"
+        )
+    for i in incidents:
+        if not i.recovered:
+            notes.append(
+                f"incident {i.index} ({i.cause}) was not recovered: no step completed after it "
+                "(the run ended, or is still recovering)"
+            )
+    return tuple(notes)
