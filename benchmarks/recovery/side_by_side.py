@@ -43,22 +43,24 @@ def policy_text(arm: str, mode: str, args: argparse.Namespace, ckpt: Path, port:
     for i in range(args.faults):
         # mid-interval, so each fault loses about half an interval of work
         step = gap * (i + 1) + args.interval // 2
-        faults.append(f'[[faults]]\nstep = {step}\nrank = {(i + 1) % 2}\nkind = "{KINDS[i % len(KINDS)]}"\n')
+        rank, kind = (i + 1) % args.nproc, KINDS[i % len(KINDS)]
+        faults.append(f'[[faults]]\nstep = {step}\nrank = {rank}\nkind = "{kind}"\n')
     in_process = "true" if arm == "in-process" else "false"
+    extra = "".join(f', "{a}"' for a in args.demo_args.split())
     return f"""[job]
 name = "sbs-{arm}-{mode}"
 module = "nvtrain.demo"
-args = ["--steps", "{steps}", "--step-time", "{args.step_time}", "--log-every", "10"]
-nproc_per_node = 2
-backend = "gloo"
-collective_timeout = "6s"
+args = ["--steps", "{steps}", "--step-time", "{args.step_time}", "--log-every", "10"{extra}]
+nproc_per_node = {args.nproc}
+backend = "{args.backend}"
+collective_timeout = "{args.collective_timeout}"
 
 [rendezvous]
 port = {port}
 
 [heartbeat]
 initial_timeout = "90s"
-timeout = "15s"
+timeout = "{args.heartbeat_timeout}"
 monitor_interval = "1s"
 
 [restart]
@@ -66,8 +68,8 @@ escalate_after = 20
 
 [restart.in_process]
 enabled = {in_process}
-soft_timeout = "4s"
-hard_timeout = "10s"
+soft_timeout = "{args.soft_timeout}"
+hard_timeout = "{args.hard_timeout}"
 max_attempts = 10
 
 [restart.in_job]
@@ -126,7 +128,7 @@ def run_pod_restarts(policy_path: Path, run_id: str, log: Path, timeout: float) 
                 sys.executable,
                 "-m",
                 "torch.distributed.run",
-                "--nproc-per-node=2",
+                f"--nproc-per-node={policy.job.nproc_per_node}",
                 "--max-restarts=0",
                 "--rdzv-backend=c10d",
                 f"--rdzv-endpoint=127.0.0.1:{free_port()}",
@@ -173,6 +175,13 @@ def main() -> None:
     parser.add_argument("--interval", type=int, default=10)
     parser.add_argument("--step-time", type=float, default=0.05)
     parser.add_argument("--arms", default="pod,in-job,in-process")
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    parser.add_argument("--collective-timeout", default="6s")
+    parser.add_argument("--soft-timeout", default="4s")
+    parser.add_argument("--hard-timeout", default="10s")
+    parser.add_argument("--heartbeat-timeout", default="15s")
+    parser.add_argument("--demo-args", default="", help="extra arguments for the demo, e.g. '--width 4096'")
     parser.add_argument("--modes", default="async,sync")
     parser.add_argument("--timeout", type=float, default=400.0, help="per run, seconds")
     parser.add_argument("--out", type=Path, default=Path("/tmp/nvtrain-side-by-side"))

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from report_logs import CPU_LOG, two_recoveries
+from report_logs import CPU_LOG, ROOT, two_recoveries
 from typer.testing import CliRunner, Result
 
 import nvtrain.tuning.measured
@@ -258,3 +258,29 @@ def test_without_matplotlib_the_timeline_names_the_extra(run_dir: Path) -> None:
     )
     assert result["codes"] == [2, 0]
     assert "pip install 'nvtrain[report]'" in str(result["err"]).replace("\n", " ")
+
+
+def test_the_example_in_the_docs_is_what_the_command_prints(monkeypatch: pytest.MonkeyPatch) -> None:
+    page = (ROOT / "docs" / "report.md").read_text(encoding="utf-8")
+    shown = page.split("## Example", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    command, _, printed = shown.partition("\n")
+    assert command == "$ nvtrain report tests/tuning/data/cpu-demo-events.jsonl --no-timeline"
+    monkeypatch.chdir(ROOT)
+    result = report(*command.split()[3:])
+    assert result.exit_code == 0, result.output
+    assert "\n".join(line.rstrip() for line in result.stdout.splitlines()) == printed.rstrip("\n")
+
+
+def test_the_library_loads_neither_the_cli_stack_nor_matplotlib() -> None:
+    result = run_python(
+        f"""
+        import json, sys
+        from pathlib import Path
+        from nvtrain.report import read_report
+
+        read_report(Path({str(CPU_LOG)!r})).to_dict()
+        heavy = {{"typer", "rich", "click", "torch", "nvidia_resiliency_ext", "matplotlib"}}
+        print(json.dumps({{"loaded": sorted({{m.split(".")[0] for m in sys.modules}} & heavy)}}))
+        """
+    )
+    assert result == {"loaded": []}

@@ -416,28 +416,29 @@ def _incident_table(incidents: Sequence[Incident]) -> Table:
         ("at", "right"),
         ("cause", "left"),
         ("layer", "left"),
-        ("step → resumed after", "right"),
+        ("step→resumed", "right"),
         ("rolled back", "right"),
-        ("fresh at fault", "right"),
+        ("freshness", "right"),
         ("restarts", "right"),
-        ("failed", "right"),
         ("recovery", "right"),
     ):
-        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        table.add_column(name, justify=justify, no_wrap=True, min_width=len(name))  # type: ignore[arg-type]
     for i in incidents:
         resumed = "–" if i.restored_step is None else str(i.restored_step)
         rolled = "–" if i.rollback_steps is None else f"{i.rollback_steps} ({_secs(i.lost_s)})"
         fresh = "–" if i.freshness_steps is None else f"{i.freshness_steps} ({_secs(i.freshness_s)})"
+        restarts = str(sum(i.restarts.values())) + (
+            f" ({i.failed_attempts} failed)" if i.failed_attempts else ""
+        )
         table.add_row(
             str(i.index),
             _secs(i.start_t),
             escape(i.cause),
             i.layer,
-            f"{'–' if i.last_step is None else i.last_step} → {resumed}",
+            f"{'–' if i.last_step is None else i.last_step}→{resumed}",
             rolled,
             fresh,
-            str(sum(i.restarts.values())),
-            str(i.failed_attempts),
+            restarts,
             _secs(i.seconds) if i.recovered else "[red]not recovered[/]",
         )
     return table

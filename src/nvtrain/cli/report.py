@@ -39,7 +39,7 @@ def command(
     fault and per layer, restarts, rollbacks, checkpoints, and a PNG timeline.
 
     Exit 0 with a report; 2 when the log is missing, unreadable or empty, or the PNG cannot be
-    drawn (matplotlib missing: pip install 'nvtrain[report]').
+    drawn (it needs matplotlib: install nvtrain's report extra, or add --no-timeline).
     """
     from nvtrain.report import TIMELINE_FILE, read_report, write_timeline
 

@@ -117,7 +117,10 @@ def resume_step(part: Sequence[dict[str, Any]]) -> int:
     firsts = [
         s
         for e in part
-        if e.get("event") == "step" and "step_s" in e and e["step_s"] is None and (s := as_int(e.get("step")))
+        if e.get("event") == "step"
+        and "step_s" in e
+        and e["step_s"] is None
+        and (s := as_int(e.get("step"))) is not None
     ]
     if firsts:
         return min(firsts) - 1
@@ -144,7 +147,7 @@ def step_marks(
         step = as_int(e.get("step"))
         if e.get("event") == "fault_injected" and step is not None and step not in times:
             times[step] = [ts(e)]
-    points = sorted(((statistics.median(ts), step) for step, ts in times.items()), key=lambda p: p[1])
+    points = sorted(((statistics.median(stamps), step) for step, stamps in times.items()), key=lambda p: p[1])
     saved = sorted(blocked)
     intervals = []
     for (ta, sa), (tb, sb) in zip(points, points[1:], strict=False):

@@ -407,6 +407,7 @@ def _incident(
         (e for e in window[1:] if e.get("event") in ("worker_failed", "hang_detected")), None
     )
     restored = latest(window, "checkpoint_restored")
+    # Each phase ends at one event; detection is measured only from a logged fault.
     milestones = {
         "detection": detected if is_fault(window[0]) else None,
         "teardown": latest(window, "restart_end"),
@@ -423,8 +424,6 @@ def _incident(
             continue
         phases[name] = ts(event) - previous
         previous = ts(event)
-    if not fault_logged and detected is not None:
-        phases["detection"] = None
     has_steps = bool(seg.points) or seg.restored_step > 0
     last = seg.last_step if has_steps else None
     restored_step = as_int(restored.get("step")) if restored else None
@@ -432,6 +431,9 @@ def _incident(
         restored_step = back_to
     fresh_step, fresh_t = _newest_commit(commits, seg, start - t0)
     rollback = None if last is None or back_to is None else max(0, last - back_to)
+    lost = (
+        None if rollback is None or back_to is None else seg.work(max(seg.restored_step, back_to), last or 0)
+    )
     return Incident(
         index=index,
         layer=layer,
@@ -446,9 +448,7 @@ def _incident(
         restored_step=restored_step,
         restore_source=str(restored.get("source")) if restored and restored.get("source") else None,
         rollback_steps=rollback,
-        lost_s=None
-        if rollback is None or back_to is None
-        else seg.work(max(seg.restored_step, back_to), seg.last_step),
+        lost_s=lost,
         freshness_steps=None if last is None else last - fresh_step,
         freshness_s=None if last is None or fresh_t is None else max(0.0, start - t0 - fresh_t),
     )

@@ -115,7 +115,12 @@ class Context:
 
     def finish(self) -> None:
         """Wait for the last checkpoint to be committed."""
-        if self._checkpointer is not None:
+        if self._checkpointer is None:
+            return
+        if self._call_wrapper is not None:  # waiting for the last write is not a hang
+            with self._call_wrapper.atomic():
+                self._checkpointer.close()
+        else:
             self._checkpointer.close()
 
     def abort(self) -> None:
