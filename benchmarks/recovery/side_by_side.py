@@ -22,6 +22,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -168,6 +169,55 @@ def report(run_dir: Path) -> dict[str, Any]:
     return dict(json.loads(out.stdout))
 
 
+def _dist(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    if not ordered:
+        return {}
+    p95 = ordered[min(len(ordered) - 1, max(0, round(0.95 * len(ordered)) - 1))]
+    return {"median": statistics.median(ordered), "p95": p95, "max": ordered[-1]}
+
+
+def table(results: dict[str, Any]) -> str:
+    """One markdown row per run, and each arm's median recovery as a ratio to the pod arm's."""
+    rows = [
+        "| arm | checkpoints | exit | wall (s) | incidents | recovery median / p95 / max (s) "
+        "| training goodput | infrastructure goodput | steps rolled back |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    medians: dict[str, float] = {}
+    for key, run in results["runs"].items():
+        arm, mode = key.split("/")
+        rep = run["report"]
+        if "error" in rep:
+            rows.append(
+                f"| {arm} | {mode} | {run['exit_code']} | {run['wall_s']} | report failed: "
+                f"{rep['error'][:80]} | | | | |"
+            )
+            continue
+        rec = [i["recovery_s"] for i in rep["incidents"] if i.get("recovery_s") is not None]
+        d = _dist(rec)
+        medians[key] = d.get("median", float("nan"))
+        layers = ", ".join(f"{n} {v}" for n, v in sorted(rep["restarts"]["by_layer"].items()))
+        rows.append(
+            f"| {arm} | {mode} | {run['exit_code']} | {run['wall_s']:.1f} | {len(rep['incidents'])} "
+            f"({layers}) | {d.get('median', 0):.2f} / {d.get('p95', 0):.2f} / {d.get('max', 0):.2f} "
+            f"| {rep['goodput']['training']:.1%} | {rep['goodput']['infrastructure']:.1%} "
+            f"| {rep['steps']['rolled_back']} |"
+        )
+    ratios = []
+    for key, median in medians.items():
+        arm, mode = key.split("/")
+        base = medians.get(f"pod/{mode}")
+        if base and arm != "pod":
+            ratios.append(f"{arm}/{mode}: {median / base:.2f}")
+    rows.append("")
+    rows.append(
+        "median recovery relative to the pod-restart arm (same checkpoint mode): "
+        + ("; ".join(ratios) or "n/a")
+    )
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=120)
@@ -186,7 +236,20 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=400.0, help="per run, seconds")
     parser.add_argument("--out", type=Path, default=Path("/tmp/nvtrain-side-by-side"))
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--summarize",
+        type=Path,
+        default=None,
+        help="only re-run `nvtrain report` on the runs of this results file and print the table",
+    )
     args = parser.parse_args()
+    if args.summarize:
+        results = json.loads(args.summarize.read_text())
+        for run in results["runs"].values():
+            run["report"] = report(Path(run["run_dir"]))
+        args.summarize.write_text(json.dumps(results, indent=2))
+        print(table(results))
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
@@ -213,6 +276,8 @@ def main() -> None:
                 "report": rep,
             }
             print(f"{key}: exit {code}, {wall:.1f} s", flush=True)
+            if args.json:  # after every run, so a run cut short still leaves its results
+                args.json.write_text(json.dumps(results, indent=2))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     print(
