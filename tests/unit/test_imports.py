@@ -97,3 +97,19 @@ def test_typer_is_imported_only_in_the_cli_package() -> None:
     importers = _importers(_TYPER)
     assert importers
     assert all(name.startswith("cli/") for name in importers), importers
+
+
+def test_validate_into_a_pipe_does_not_load_rich(tmp_path: Path) -> None:
+    """Plain output for logs and pipes: rich (and its start-up cost) is not imported."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "nvtrain", "validate", "--nvrx", "0.4.1"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if "|" in line}
+    assert "nvtrain.cli._console" in imported
+    assert not {m for m in imported if m == "rich" or m.startswith("rich.")}
+    assert "[job] name = " in result.stdout

@@ -1,4 +1,8 @@
-"""Terminal output: the only module that imports rich."""
+"""Terminal output: the only module that imports rich.
+
+rich is imported on first use: `nvtrain validate` writing to a pipe or a log (CI, pod logs)
+prints plain lines and never loads it, which keeps the command's start-up short.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +12,52 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-
 from nvtrain.config.findings import Finding
 from nvtrain.config.validation import Setting
 from nvtrain.errors import NvtrainError, UsageError
 
-out = Console(highlight=False, soft_wrap=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+
+class _LazyConsole:
+    """A rich ``Console`` made (and rich imported) on first use."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+        return getattr(self._console, name)
+
+
+out: Any = _LazyConsole(highlight=False, soft_wrap=False)
+err: Any = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
+
+
+def escape(text: str) -> str:
+    """Escape rich markup in ``text``."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+def _table(*args: Any, **kwargs: Any) -> Table:
+    from rich.table import Table
+
+    return Table(*args, **kwargs)
+
+
+def _console(**options: Any) -> Console:
+    from rich.console import Console
+
+    return Console(**options)
+
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -34,12 +74,22 @@ def summary_line(source: str, findings: Sequence[Finding]) -> str:
 
 def print_findings(source: str, findings: Sequence[Finding]) -> None:
     """Every finding, errors and warnings first in file order, each with its fix."""
-    err.print(f"nvtrain: {escape(summary_line(source, findings))}")
+    plain = not sys.stderr.isatty()
+    if plain:
+        print(f"nvtrain: {summary_line(source, findings)}", file=sys.stderr)
+    else:
+        err.print(f"nvtrain: {escape(summary_line(source, findings))}")
     for f in findings:
         place = f.file or source
         if f.line is not None:
             place += f":{f.line}" + (f":{f.column}" if f.column else "")
         value = f" = {f.value}" if f.value is not None else ""
+        if plain:
+            print(
+                f"  {place}: {f.severity} {f.where}{value}\n      {f.rule}\n      fix: {f.fix}",
+                file=sys.stderr,
+            )
+            continue
         err.print(
             f"  {escape(place)}: [{_STYLE[f.severity]}]{f.severity}[/] {escape(f.where)}{escape(value)}"
         )
@@ -48,14 +98,15 @@ def print_findings(source: str, findings: Sequence[Finding]) -> None:
 
 
 def print_settings(title: str, settings: Sequence[Setting]) -> None:
-    if not out.is_terminal:  # logs and pipes: whole values, one per line
-        out.print(escape(title))
+    if not sys.stdout.isatty():  # logs and pipes: whole values, one per line
+        lines = [title]
         for s in settings:
             where = f"[{s.table}] " if s.table else ""
             source = "" if s.from_file else "  (default)"
-            out.print(escape(f"  {where}{s.key} = {s.value}{source}"), soft_wrap=True)
+            lines.append(f"  {where}{s.key} = {s.value}{source}")
+        print("\n".join(lines), flush=True)
         return
-    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    table = _table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     table.add_column("table")
     table.add_column("key")
     table.add_column("value", overflow="fold")
@@ -155,7 +206,7 @@ def print_tuning(result: Tuned) -> None:
         "restart": inputs.restart_s,
         "mtbf": inputs.mtbf_s,
     }
-    table = Table(show_edge=False, pad_edge=False, box=None)
+    table = _table(show_edge=False, pad_edge=False, box=None)
     table.add_column("input", style="dim")
     table.add_column("value", justify="right")
     table.add_column("from", style="dim")
@@ -171,7 +222,7 @@ def print_tuning(result: Tuned) -> None:
         f"Blocked per save δ = {d(best.delta_s)}: Young √(2δM) = {d(best.young_s)}, "
         f"Daly = {d(best.daly_s)}{floor}."
     )
-    rows = Table(box=None, pad_edge=False, padding=(0, 1), header_style="bold")
+    rows = _table(box=None, pad_edge=False, padding=(0, 1), header_style="bold")
     for name, justify in (
         ("", "left"),
         ("mode", "left"),
@@ -298,7 +349,7 @@ def print_report(report: Report, timeline: Path | None) -> None:
     from nvtrain.report import INFRASTRUCTURE_GOODPUT, PHASES, TRAINING_GOODPUT
 
     # Logs and pipes get whole rows rather than tables squeezed to 80 columns.
-    con = out if out.is_terminal else Console(highlight=False, soft_wrap=False, width=_PIPE_WIDTH)
+    con = out if out.is_terminal else _console(highlight=False, soft_wrap=False, width=_PIPE_WIDTH)
 
     def say(*items: Any) -> None:
         con.print(*items)
@@ -320,6 +371,8 @@ def print_report(report: Report, timeline: Path | None) -> None:
             f"; {_pct(report.training_goodput_with_replays)} if its {report.lost_steps} rolled-back "
             "steps counted (the reference deployment's way)"
         )
+    from rich.table import Table
+
     goodput = Table.grid(padding=(0, 2))
     goodput.add_column(no_wrap=True)
     goodput.add_column(justify="right", no_wrap=True)
@@ -347,7 +400,7 @@ def print_report(report: Report, timeline: Path | None) -> None:
     if report.incidents:
         shown = report.incidents[:_MAX_INCIDENT_ROWS]
         say(_incident_table(shown))
-        phases = Table(
+        phases = _table(
             title="Recovery phases: each incident, then each layer's median / p95 / max",
             title_justify="left",
             box=None,
@@ -410,7 +463,7 @@ def print_report(report: Report, timeline: Path | None) -> None:
 
 
 def _incident_table(incidents: Sequence[Incident]) -> Table:
-    table = Table(title="Incidents", title_justify="left", box=None, pad_edge=False, header_style="bold")
+    table = _table(title="Incidents", title_justify="left", box=None, pad_edge=False, header_style="bold")
     for name, justify in (
         ("#", "right"),
         ("at", "right"),
