@@ -36,6 +36,16 @@ __all__ = ["Outcome", "Reporter", "RunPaths", "prepare", "supervise", "write_sta
 
 TERMINATION_LOG = Path("/dev/termination-log")
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_SHOWN = {
+    "fault_injected",
+    "restart_begin",
+    "restart_end",
+    "checkpoint_restored",
+    "checkpoint_corrupt",
+    "checkpoint_partial",
+    "checkpoint_failed",
+}
+_SHOWN_FIELDS = ("rank", "step", "kind", "layer", "iteration", "source", "seconds", "problem")
 _MAX_TMPDIR = 60
 
 Reporter = Callable[[str, dict[str, Any]], None]
@@ -133,7 +143,15 @@ class _Watch:
         for record in self.tail.poll():
             if record.get("event") == "step" and isinstance(record.get("step"), int):
                 self.last_step = max(self.last_step or 0, record["step"])
+            if record.get("source") != "launcher" and record.get("event") in _SHOWN:
+                fields = {k: v for k, v in record.items() if k in _SHOWN_FIELDS}
+                self.report(str(record["event"]), fields)  # shown, not logged again
         return self.last_step
+
+    def poll_workers(self) -> None:
+        """Show what the workers logged (faults, in-process restarts, restores) as it happens."""
+        with self.lock:
+            self._progress()
 
     def line(self, text: str) -> None:
         parsed = parse_line(text)
@@ -306,6 +324,7 @@ def _wait(child: Child, watch: _Watch, plan: LaunchPlan) -> int:
     deadline: float | None = None
     while True:
         code = child.wait(timeout=0.2)
+        watch.poll_workers()
         if code is not None:
             return code
         if watch.escalated:
