@@ -60,7 +60,7 @@ def main() -> None:
             print(f"{layer}: median {statistics.median(values):.2f} s over {len(values)}")
     restored = [e for e in events if e["event"] == "checkpoint_restored"]
     for e in restored:
-        print(f"restored step {e['step']} in {e['seconds']} s from {e.get('source')}")
+        print(f"restored step {e['step']} in {e['seconds']} s from {e.get('origin', e.get('source'))}")
 
 
 if __name__ == "__main__":

@@ -248,7 +248,7 @@ def test_restore_returns_the_step_and_the_state_bitwise(
     assert fresh_position.value == 1234
     assert torch.equal(torch.rand(5), after_save[0]) and random.random() == after_save[1]
     restored = _named(log, "checkpoint_restored")
-    assert [(e["step"], e["source"]) for e in restored] == [(10, source)]
+    assert [(e["step"], e["origin"]) for e in restored] == [(10, source)]
     # The restored step counts as saved: saving it again is not due.
     assert restorer.due(10) is False and restorer.due(20) is True
 
@@ -291,7 +291,7 @@ def test_async_save_writes_the_state_as_it_was_at_save_time(
         restorer = _checkpointer(tmp_path / "run", fresh_model, fresh_optimizer, _policy(True), _events(log))
         assert restorer.restore() == 10
         assert _bits(fresh_model, fresh_optimizer) == saved, restart
-        assert [e["source"] for e in _named(log, "checkpoint_restored")] == [
+        assert [e["origin"] for e in _named(log, "checkpoint_restored")] == [
             "memory" if restart == "in-process" else "storage"
         ]
 
@@ -328,7 +328,7 @@ def test_the_same_step_saved_twice_keeps_the_first_commit(
             _checkpointer(run_dir, fresh_model, fresh_optimizer, _policy(True), _events(log)).restore() == 10
         )
         (event,) = _named(log, "checkpoint_restored")
-        restored[event["source"]] = _bits(fresh_model, fresh_optimizer)
+        restored[event["origin"]] = _bits(fresh_model, fresh_optimizer)
     # The discarded second save must not come back from memory: either memory is skipped (as
     # now: the copy in memory is not what was committed) or it holds the committed state.
     assert "storage" in restored

@@ -45,7 +45,7 @@ _SHOWN = {
     "checkpoint_partial",
     "checkpoint_failed",
 }
-_SHOWN_FIELDS = ("rank", "step", "kind", "layer", "iteration", "source", "seconds", "problem")
+_SHOWN_FIELDS = ("rank", "step", "kind", "layer", "iteration", "origin", "seconds", "problem")
 _MAX_TMPDIR = 60
 
 Reporter = Callable[[str, dict[str, Any]], None]

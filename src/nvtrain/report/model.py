@@ -446,7 +446,7 @@ def _incident(
         failed_attempts=max(0, len(restarts) - 1) if end is not None else len(restarts),
         last_step=last,
         restored_step=restored_step,
-        restore_source=str(restored.get("source")) if restored and restored.get("source") else None,
+        restore_source=_restore_origin(restored),
         rollback_steps=rollback,
         lost_s=lost,
         freshness_steps=None if last is None else last - fresh_step,
@@ -592,3 +592,11 @@ def _notes(
                 "(the run ended, or is still recovering)"
             )
     return tuple(notes)
+
+
+def _restore_origin(restored: dict[str, Any] | None) -> str | None:
+    """ "memory" or "storage" (logs before the field was named ``origin`` called it ``source``)."""
+    if not restored:
+        return None
+    origin = restored.get("origin") or restored.get("source")
+    return str(origin) if origin in ("memory", "storage") else None

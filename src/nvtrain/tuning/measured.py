@@ -254,7 +254,8 @@ def _restores(events: Sequence[dict[str, Any]]) -> tuple[list[float], Literal["s
         values = [
             v
             for e in loads
-            if e.get("source", "storage") == origin and (v := _number(e.get("seconds"))) is not None
+            if e.get("origin", e.get("source", "storage")) == origin
+            and (v := _number(e.get("seconds"))) is not None
         ]
         if values:
             return values, origin
@@ -344,3 +345,8 @@ def _measure(values: Sequence[float]) -> Measure | None:
     clean = sorted(max(v, 1e-6) for v in values)
     p95 = clean[0] if len(clean) == 1 else statistics.quantiles(clean, n=20, method="inclusive")[18]
     return Measure(median=statistics.median(clean), p95=p95, max=clean[-1])
+
+
+def _origin(restored: dict[str, Any]) -> str:
+    """Where a checkpoint was loaded from (older logs call the field ``source``)."""
+    return str(restored.get("origin", restored.get("source", "storage")))

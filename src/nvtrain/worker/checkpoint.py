@@ -510,7 +510,7 @@ class Checkpointer:
                 self._emit(
                     "checkpoint_restored",
                     step=step,
-                    source="storage",
+                    origin="storage",
                     seconds=round(time.monotonic() - t0, 6),
                 )
                 return step
@@ -545,7 +545,7 @@ class Checkpointer:
         self._apply(restored, held.extra)
         self.last_saved = newest
         self._emit(
-            "checkpoint_restored", step=newest, source="memory", seconds=round(time.monotonic() - t0, 6)
+            "checkpoint_restored", step=newest, origin="memory", seconds=round(time.monotonic() - t0, 6)
         )
         return True
 
