@@ -269,7 +269,7 @@ def test_timings_findings_name_the_timings_file(tmp_path: Path) -> None:
     result = validate("--nvrx", "0.4.1", "--timings", str(timings))
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [
-        "nvtrain: <built-in demo policy>: 1 error",
+        f"nvtrain: <built-in demo policy> with timings {timings}: 1 error",
         f'  {timings}:2:1: error (top level) save_block = "fast"',
         "      is not a duration",
         '      fix: write a number of seconds or a string such as "90s", "15m", "1h30m" or "250ms"',

@@ -6,6 +6,7 @@ Nothing may be started in these cases: no ft_launcher process, no events file, n
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -126,3 +127,25 @@ def test_dry_run_after_the_policy_starts_nothing(nvtrain: NvtrainRunner, tmp_pat
     assert "WORKER RAN" not in run.stdout, run.describe()
     assert not run.launcher_seen(), run.describe()
     assert code in (0, 2), run.describe()
+
+
+def test_unwritable_checkpoint_dir_is_a_clear_error(tmp_path: Path) -> None:
+    """A checkpoint dir the pod cannot write ends with exit 2 and names the key, not a traceback."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        '[job]\nname = "ro"\nmodule = "nvtrain.demo"\n'
+        f'[checkpoint]\ndir = "{blocker}/ckpt"\n[restart.in_process]\nenabled = false\n'
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "nvtrain", "run", str(policy), "--run-id", "ro-1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f'[checkpoint] dir = "{blocker}/ckpt"' in result.stderr
+    assert "fix:" in result.stderr

@@ -8,7 +8,6 @@ still carrying it, whoever its parent is by then, so a failing test leaves nothi
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -25,6 +24,7 @@ from typing import Any
 
 import psutil
 
+from nvtrain.config.findings import toml_value
 from nvtrain.events import read_events as events_in
 
 BIN = Path(__file__).resolve().parent / "bin"
@@ -80,15 +80,7 @@ def free_port_pair() -> int:
 
 
 def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    raise TypeError(value)
+    return toml_value(value, limit=1 << 20)  # the project's own TOML writer, never shortened
 
 
 def write_policy(

@@ -73,7 +73,8 @@ def command(
     from nvtrain.cli import _console
 
     if result.findings:
-        _console.print_findings(result.source, result.findings)
+        checked = result.source if timings is None else f"{result.source} with timings {timings}"
+        _console.print_findings(checked, result.findings)
     if result.policy is not None and not result.errors:
         nvrx_text = f"NVRx {result.nvrx}" if result.nvrx else "NVRx not checked"
         _console.print_settings(

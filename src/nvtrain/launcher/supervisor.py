@@ -10,6 +10,7 @@ an error rather than a spent budget: that is how the job outlives a replaced pod
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -108,7 +109,17 @@ def write_state(policy: Policy, paths: RunPaths) -> None:
     tmp = paths.policy.with_suffix(".tmp")
     tmp.write_text(policy.model_dump_json(by_alias=True), encoding="utf-8")
     os.replace(tmp, paths.policy)
-    paths.run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        paths.run_dir.mkdir(parents=True, exist_ok=True)
+        probe = paths.run_dir / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(
+            f"[checkpoint] dir = {json.dumps(policy.checkpoint.dir)}: cannot write the run's "
+            f"folder {paths.run_dir} ({exc.strerror or exc})",
+            "point [checkpoint] dir at storage this pod can write (the shared checkpoint volume)",
+        ) from None
 
 
 class _Watch:
