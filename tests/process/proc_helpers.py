@@ -193,11 +193,15 @@ class Running:
         return code
 
     def wait_for_stdout(self, pattern: str, count: int = 1, timeout: float = 60.0) -> list[re.Match[str]]:
-        """Wait until ``pattern`` matched ``count`` lines of stdout; fail if nvtrain ends first."""
+        """Wait until ``pattern`` matched ``count`` times in stdout; fail if nvtrain ends first.
+
+        Matches are counted in the whole text, not per line: two workers that share the
+        pipe can interleave their writes so that two markers land on one line.
+        """
         regex = re.compile(pattern)
         deadline = time.monotonic() + timeout
         while True:
-            matches = [m for line in self.stdout.splitlines() if (m := regex.search(line))]
+            matches = list(regex.finditer(self.stdout))
             if len(matches) >= count:
                 return matches
             if self.proc.poll() is not None:

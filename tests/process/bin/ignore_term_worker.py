@@ -7,6 +7,7 @@ import signal
 import time
 
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-print(f"WORKER READY rank={os.environ['RANK']} pid={os.getpid()}", flush=True)
+# One write per marker, so that two workers sharing the pipe cannot split each other's lines.
+os.write(1, f"WORKER READY rank={os.environ['RANK']} pid={os.getpid()}\n".encode())
 time.sleep(120)
 print("WORKER NOT STOPPED", flush=True)
