@@ -81,7 +81,15 @@ def test_schema_is_json_with_every_table() -> None:
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert schema["title"] == "nvtrain policy"
     assert schema["required"] == ["job"]
-    assert set(schema["properties"]) == {"job", "rendezvous", "heartbeat", "restart", "checkpoint", "faults"}
+    assert set(schema["properties"]) == {
+        "job",
+        "rendezvous",
+        "heartbeat",
+        "restart",
+        "checkpoint",
+        "metrics",
+        "faults",
+    }
     checkpoint = _resolve(schema, schema["properties"]["checkpoint"])
     assert "async" in checkpoint["properties"]
     assert "async_" not in checkpoint["properties"]

@@ -138,6 +138,31 @@ def test_network_policy_admits_only_the_jobs_own_pods_on_every_port() -> None:
     assert spec["ingress"] == [{"from": [{"podSelector": {"matchLabels": selector}}]}]  # no "ports": all
 
 
+METRICS_ON = MINIMAL + "\n[metrics]\nenabled = true\nport = 9400\n"
+
+
+def test_metrics_port_is_declared_annotated_and_open_to_scrapers() -> None:
+    objects = objects_of(METRICS_ON)
+    ports = {p["name"]: p["containerPort"] for p in container(objects)["ports"]}
+    assert ports["metrics"] == 9400
+    template = by_kind(objects, "Job")["spec"]["template"]
+    assert template["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "9400",
+        "prometheus.io/path": "/metrics",
+    }
+    ingress = by_kind(objects, "NetworkPolicy")["spec"]["ingress"]
+    selector = by_kind(objects, "Service")["spec"]["selector"]
+    # The job's own pods on every port, and anyone on the metrics port only.
+    assert ingress == [
+        {"from": [{"podSelector": {"matchLabels": selector}}]},
+        {"ports": [{"protocol": "TCP", "port": 9400}]},
+    ]
+    off = objects_of(MINIMAL)
+    assert "annotations" not in by_kind(off, "Job")["spec"]["template"]["metadata"]
+    assert [p["name"] for p in container(off)["ports"]] == ["rendezvous"]
+
+
 def test_policy_is_mounted_from_an_immutable_configmap_named_by_its_hash() -> None:
     objects = objects_of(MINIMAL)
     configmap = by_kind(objects, "ConfigMap")
@@ -353,6 +378,7 @@ def test_golden_jobset() -> None:
 
 SCHEMA_CASES = {
     "minimal": (MINIMAL, ManifestOptions()),
+    "metrics": (METRICS_ON, ManifestOptions()),
     "starter": (starter_text("policy.toml"), ManifestOptions()),
     "starter-p5": (starter_text("policy.toml"), P5),
     "jobset-companions": (starter_named("llm-workers-0"), ManifestOptions(jobset=True)),

@@ -285,6 +285,7 @@ def test_effective_settings_cover_every_key() -> None:
         "restart.in_process",
         "restart.in_job",
         "checkpoint",
+        "metrics",
         "",
     ]
     shown = {(s.table, s.key): s.value for s in rows}

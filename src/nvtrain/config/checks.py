@@ -389,6 +389,20 @@ def _faults(p: Policy) -> Iterator[Finding]:
         seen.add((fault.step, fault.rank))
 
 
+def _metrics(p: Policy) -> Iterator[Finding]:
+    m = p.metrics
+    if m.enabled and m.port == p.rendezvous.port:
+        yield _f(
+            "error",
+            "port-clash",
+            "metrics",
+            "port",
+            m.port,
+            f"is also the rendezvous port ([rendezvous] port = {p.rendezvous.port}): pod 0 cannot serve both",
+            f"use another port, e.g. port = {9464 if p.rendezvous.port != 9464 else 9465}",
+        )
+
+
 _RULES: tuple[Rule, ...] = (
     _job,
     _names,
@@ -398,6 +412,7 @@ _RULES: tuple[Rule, ...] = (
     _recovery,
     _checkpoint,
     _faults,
+    _metrics,
 )
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "InJobRestart",
     "InProcessRestart",
     "Job",
+    "Metrics",
     "Policy",
     "Rendezvous",
     "Restart",
@@ -223,6 +224,24 @@ class Fault(BaseModel):
     (exit 137) or `sigterm`."""
 
 
+class Metrics(BaseModel):
+    """Live figures of the run for Prometheus, served by `nvtrain run` on every pod."""
+
+    model_config = POLICY_CONFIG
+
+    enabled: bool = False
+    """Serve the figures of `nvtrain report` (goodput, recoveries, restarts, checkpoint
+    freshness) while the job runs, in the Prometheus text format at
+    `http://<pod>:<port>/metrics`."""
+
+    port: int = Field(default=9464, ge=1, le=65535)
+    """TCP port of the metrics endpoint on each pod. Must differ from the rendezvous port."""
+
+    refresh: Duration = 5.0
+    """Longest the figures may lag the events log: a scrape recomputes them from the log when
+    it changed and the last computation is older than this."""
+
+
 class Policy(BaseModel):
     """A training job's fault-tolerance policy."""
 
@@ -233,6 +252,7 @@ class Policy(BaseModel):
     heartbeat: Heartbeat = Field(default_factory=Heartbeat)
     restart: Restart = Field(default_factory=Restart)
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+    metrics: Metrics = Field(default_factory=Metrics)
     faults: list[Fault] = Field(default_factory=list)
 
     @property

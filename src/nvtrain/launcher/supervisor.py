@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from nvtrain.config.schema import Policy
 from nvtrain.errors import ExitCode, NvtrainError, UsageError, signal_exit_code
@@ -32,6 +32,9 @@ from nvtrain.launcher.logwatch import parse_line
 from nvtrain.launcher.plan import LaunchPlan, build_plan
 from nvtrain.launcher.process import Child, become_subreaper, kill_all
 from nvtrain.nvrx import NvrxVersion, installed_nvrx
+
+if TYPE_CHECKING:
+    from nvtrain.report.live import MetricsServer
 
 __all__ = ["Outcome", "Reporter", "RunPaths", "prepare", "supervise", "write_state"]
 
@@ -228,9 +231,11 @@ def supervise(
     """
     out = out or sys.stdout
     write_state(policy, paths)
+    metrics = _serve_metrics(policy, identity, paths)
     events = EventLog(paths.events, node=identity.node_rank, run_id=identity.run_id, source="launcher")
     watch = _Watch(policy, events, report or (lambda event, fields: None))
-    watch.emit("launcher_start", argv=plan.argv, endpoint=plan.endpoint, is_host=plan.is_host)
+    shown = {"metrics_port": metrics.port} if metrics else {}
+    watch.emit("launcher_start", argv=plan.argv, endpoint=plan.endpoint, is_host=plan.is_host, **shown)
     become_subreaper()
     env = {**plan.env_defaults, **os.environ, **plan.env}
     if len(tempfile.gettempdir()) > _MAX_TMPDIR:
@@ -261,10 +266,28 @@ def supervise(
         for s, handler in previous.items():
             signal.signal(s, handler)
         shutil.rmtree(paths.state_dir, ignore_errors=True)
+        if metrics:
+            metrics.close()
     outcome = _outcome(code, watch, policy, identity)
     watch.emit("launcher_exit", exit_code=outcome.exit_code, cause=outcome.cause)
     _write_termination_log(outcome.cause)
     return outcome
+
+
+def _serve_metrics(policy: Policy, identity: Identity, paths: RunPaths) -> MetricsServer | None:
+    """Start the Prometheus endpoint when the policy asks for it; a port that cannot be bound
+    is a usage error (exit 2) naming the key, before any worker starts."""
+    if not policy.metrics.enabled:
+        return None
+    from nvtrain.report.live import serve
+
+    try:
+        return serve(policy.metrics, paths.events, run_id=identity.run_id, node=identity.node_rank)
+    except OSError as exc:
+        raise UsageError(
+            f"[metrics] port = {policy.metrics.port}: cannot serve metrics on it ({exc.strerror or exc})",
+            "choose a free port in [metrics] port, or set [metrics] enabled = false",
+        ) from None
 
 
 def _loop(

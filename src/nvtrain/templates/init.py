@@ -79,6 +79,7 @@ _VALUES: dict[str, dict[str, str]] = {
         "in_memory": "true",
         "keep": "3",
     },
+    "metrics": {"enabled": "false", "port": "9464", "refresh": '"5s"'},
     "faults": {"step": "100", "rank": "1", "kind": '"exception"'},
 }
 _UNSET = {("job", "module"), ("rendezvous", "service"), ("rendezvous", "min_nodes")}

@@ -183,7 +183,11 @@ def service(policy: Policy, options: ManifestOptions) -> dict[str, Any]:
 
 def network_policy(policy: Policy, options: ManifestOptions) -> dict[str, Any]:
     """Ingress to the job's pods only from pods of the same job, on every port: the c10d store
-    has no authentication, and collectives and the in-process store use ephemeral ports."""
+    has no authentication, and collectives and the in-process store use ephemeral ports. With
+    ``[metrics]`` on, its port alone is open to every source, so Prometheus can scrape it."""
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": {"matchLabels": selector(policy)}}]}]
+    if policy.metrics.enabled:
+        ingress.append({"ports": [{"protocol": "TCP", "port": policy.metrics.port}]})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -191,7 +195,7 @@ def network_policy(policy: Policy, options: ManifestOptions) -> dict[str, Any]:
         "spec": {
             "podSelector": {"matchLabels": selector(policy)},
             "policyTypes": ["Ingress"],
-            "ingress": [{"from": [{"podSelector": {"matchLabels": selector(policy)}}]}],
+            "ingress": ingress,
         },
     }
 
@@ -384,6 +388,17 @@ def pod_template(
         "env": _env(policy, options, uid_label=uid_label),
         "ports": [{"name": "rendezvous", "containerPort": policy.rendezvous.port, "protocol": "TCP"}],
     }
+    metadata: dict[str, Any] = {"labels": _labels(policy, options)}
+    if policy.metrics.enabled:
+        container["ports"].append(
+            {"name": "metrics", "containerPort": policy.metrics.port, "protocol": "TCP"}
+        )
+        # The annotations that Prometheus' common Kubernetes pod discovery configuration reads.
+        metadata["annotations"] = {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(policy.metrics.port),
+            "prometheus.io/path": "/metrics",
+        }
     resources = _resources(policy, options)
     if resources:
         container["resources"] = resources
@@ -411,7 +426,7 @@ def pod_template(
         spec["nodeSelector"] = dict(options.node_selector)
     if gpus(policy, options):
         spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    return {"metadata": {"labels": _labels(policy, options)}, "spec": spec}
+    return {"metadata": metadata, "spec": spec}
 
 
 def pod_failure_policy() -> dict[str, Any]:

@@ -1,0 +1,243 @@
+"""Live figures of a running job for Prometheus: what ``nvtrain report`` shows, while it runs.
+
+``figures(report, now)`` turns a ``Report`` into metric families (pure, no Prometheus import);
+``LiveFigures`` keeps the report of a growing events log up to date (rebuilt on a scrape when the
+log grew and the last build is older than ``refresh``); ``serve`` exposes them over HTTP with
+``prometheus_client`` (imported only there). Every pod serves the whole job's figures, read from
+the shared events log, labelled with the run id: aggregate with ``max by (run_id)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from nvtrain.events import EventTail
+from nvtrain.report.model import Report, Stats, build_report
+
+if TYPE_CHECKING:
+    from nvtrain.config.schema import Metrics
+
+__all__ = ["Family", "LiveFigures", "MetricsServer", "figures", "serve"]
+
+Kind = Literal["gauge", "counter"]
+Labels = dict[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One metric: its name (counters without the ``_total`` suffix), kind, help and samples."""
+
+    name: str
+    kind: Kind
+    help: str
+    samples: tuple[tuple[Labels, float], ...]
+
+
+_STATS = (("median", "median"), ("p95", "p95"), ("max", "max"))
+
+
+def _stats(stats: Stats | None, **labels: str) -> list[tuple[Labels, float]]:
+    if stats is None:
+        return []
+    return [({**labels, "stat": name}, float(getattr(stats, attr))) for name, attr in _STATS]
+
+
+def figures(report: Report, now: float) -> list[Family]:
+    """The metric families of ``report`` at unix time ``now`` (families without samples are left
+    out, so a figure that is not known yet is absent rather than zero)."""
+    r, ck = report, report.checkpoints
+    out: list[Family] = []
+
+    def add(name: str, kind: Kind, help: str, samples: list[tuple[Labels, float]]) -> None:
+        if samples:
+            out.append(Family(f"nvtrain_{name}", kind, help, tuple(samples)))
+
+    def one(value: float | int | None) -> list[tuple[Labels, float]]:
+        return [] if value is None else [({}, float(value))]
+
+    add("job_seconds", "gauge", "Job time so far: the run's first event to its last.", one(r.time.total))
+    steps = [t for t, _ in (p for s in r.segments for p in s.points)]
+    reached = r.segments[-1].last_step if steps else None
+    add("step", "gauge", "The step the workers reached last (it drops back after a restore).", one(reached))
+    add(
+        "last_step_age_seconds",
+        "gauge",
+        "Seconds since the workers last logged a step (grows during a hang or a recovery).",
+        one(now - (r.start_ts + max(steps)) if steps else None),
+    )
+    add(
+        "training_goodput_ratio",
+        "gauge",
+        "Time of the steps that were kept / total job time (docs/report.md).",
+        one(r.training_goodput),
+    )
+    add(
+        "infrastructure_goodput_ratio",
+        "gauge",
+        "Time the workers were up and usable / total job time (docs/report.md).",
+        one(r.infrastructure_goodput),
+    )
+    add("kept_steps", "gauge", "Steps kept: up to the final step, each counted once.", one(r.kept_steps))
+    add("lost_steps", "counter", "Steps executed and then rolled back by a restore.", one(r.lost_steps))
+    add("incidents", "counter", "Faults (or restarts), each with its recovery.", one(len(r.incidents)))
+    recovering = bool(r.incidents) and not r.incidents[-1].recovered and r.exit_code is None
+    add("recovering", "gauge", "1 while the newest incident has not reached a step yet.", one(recovering))
+    add(
+        "restarts",
+        "counter",
+        "Restarts by recovery layer (in_process, in_job, launcher, pod).",
+        [({"layer": k}, float(v)) for k, v in sorted(r.restarts_by_layer.items())],
+    )
+    add(
+        "restarts_by_cause",
+        "counter",
+        "Restarts by the fault that caused them.",
+        [({"cause": k}, float(v)) for k, v in sorted(r.restarts_by_cause.items())],
+    )
+    add("failed_restart_attempts", "counter", "Restarts that reached no step.", one(r.failed_attempts))
+    add(
+        "recovery_seconds",
+        "gauge",
+        "Fault to the first step after it, per layer: median, p95 and max.",
+        [s for lay in r.layers for s in _stats(lay.total, layer=lay.layer)],
+    )
+    add(
+        "recovery_phase_seconds",
+        "gauge",
+        "Recovery time per layer and phase (detection, teardown, rendezvous, start, restore, "
+        "first_step): median, p95 and max.",
+        [
+            s
+            for lay in r.layers
+            for phase, stats in lay.phases.items()
+            for s in _stats(stats, layer=lay.layer, phase=phase)
+        ],
+    )
+    last = next((i.seconds for i in reversed(r.incidents) if i.seconds is not None), None)
+    add("last_recovery_seconds", "gauge", "Recovery time of the newest recovered incident.", one(last))
+    add("rollback_steps", "gauge", "Steps lost per incident: median, p95 and max.", _stats(r.rollback_steps))
+    add(
+        "checkpoint_saves",
+        "counter",
+        "Checkpoint saves by result (one save: every rank's save of one step).",
+        [
+            ({"result": k}, float(v))
+            for k, v in (
+                ("committed", ck.committed),
+                ("partial", ck.partial),
+                ("corrupt", ck.corrupt),
+                ("failed", ck.failed),
+            )
+        ]
+        if ck.saves
+        else [],
+    )
+    add(
+        "checkpoint_blocked_seconds",
+        "gauge",
+        "Seconds the training loop was blocked per save (slowest rank): median, p95 and max.",
+        _stats(ck.blocked),
+    )
+    add(
+        "checkpoint_background_seconds",
+        "gauge",
+        "Seconds per background write (staged to committed): median, p95 and max.",
+        _stats(ck.background),
+    )
+    if ck.commits:
+        t, step = ck.commits[-1]
+        add("checkpoint_last_step", "gauge", "Step of the newest committed checkpoint.", one(step))
+        add(
+            "checkpoint_age_seconds",
+            "gauge",
+            "Seconds since the newest checkpoint was committed.",
+            one(now - (r.start_ts + t)),
+        )
+        if reached is not None:
+            add(
+                "checkpoint_age_steps",
+                "gauge",
+                "Steps since the newest committed checkpoint: what a fault now would lose.",
+                one(max(0, reached - step)),
+            )
+    add("exit_code", "gauge", "The run's exit code, once the launcher has exited.", one(r.exit_code))
+    return out
+
+
+class LiveFigures:
+    """The figures of an events log that grows while the job runs (thread-safe)."""
+
+    def __init__(self, events: Path, refresh: float, *, clock: Any = time.time) -> None:
+        self._tail = EventTail(events)
+        self._events: list[dict[str, Any]] = []
+        self._refresh = refresh
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._report: Report | None = None
+        self._built = float("-inf")
+        self._source = str(events)
+
+    def report(self) -> Report | None:
+        """The report of the log as of at most ``refresh`` seconds ago; None before any event."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._built >= self._refresh:
+                new = self._tail.poll()
+                if new or self._report is None:
+                    self._events.extend(new)
+                    if self._events:
+                        self._report = build_report(self._events, self._source)
+                self._built = now
+            return self._report
+
+    def families(self) -> list[Family]:
+        report = self.report()
+        return [] if report is None else figures(report, float(self._clock()))
+
+
+class MetricsServer:
+    """A running metrics endpoint; ``close`` stops it."""
+
+    def __init__(self, server: Any, thread: threading.Thread, port: int) -> None:
+        self._server = server
+        self._thread = thread
+        self.port = port
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def serve(config: Metrics, events: Path, *, run_id: str, node: int, address: str = "") -> MetricsServer:
+    """Serve the live figures of ``events`` on ``config.port`` (all addresses by default).
+
+    ``OSError`` when the port cannot be bound; the caller names the policy key.
+    """
+    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+    from prometheus_client.registry import Collector
+
+    live = LiveFigures(events, config.refresh)
+    info = {"run_id": run_id, "node": str(node)}
+
+    class _Collector(Collector):
+        def collect(self) -> Iterator[Any]:
+            yield InfoMetricFamily("nvtrain_run", "The run this pod serves.", value=info)
+            for fam in live.families():
+                names = sorted({k for labels, _ in fam.samples for k in labels})
+                cls = CounterMetricFamily if fam.kind == "counter" else GaugeMetricFamily
+                metric = cls(fam.name, fam.help, labels=["run_id", *names])
+                for labels, value in fam.samples:
+                    metric.add_metric([run_id, *(labels.get(k, "") for k in names)], value)
+                yield metric
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector())
+    server, thread = start_http_server(config.port, addr=address or "0.0.0.0", registry=registry)
+    return MetricsServer(server, thread, int(server.server_address[1]))
