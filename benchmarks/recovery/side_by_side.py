@@ -4,7 +4,11 @@ Arms (each with async and with sync checkpoints):
 
   pod         what Kubernetes alone does: plain torchrun without restarts; when any worker fails,
               every process of the node exits and the driver starts torchrun again from scratch
-              (no scheduling or image-pull delay is added: a lower bound for a pod restart)
+              (no scheduling or image-pull delay is added: a lower bound for a pod restart);
+              a liveness probe restarts the pod when the events log has not grown for
+              --liveness seconds (the heartbeat timeout by default): without it, a hang that no
+              peer's collective times out on (one rank, a hang outside collectives) would
+              never end
   in-job      `nvtrain run` with in-process restart off: ft_launcher restarts the workers
   in-process  `nvtrain run` with in-process restart on (soft faults), ft_launcher for the rest
 
@@ -30,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 KINDS = ["exception", "hang", "sigkill", "exception", "sigkill"]
+LIVENESS: list[float] = [0.0]  # --liveness, seconds; 0: the policy's heartbeat timeout
 
 
 def free_port() -> int:
@@ -121,6 +126,7 @@ def run_pod_restarts(policy_path: Path, run_id: str, log: Path, timeout: float) 
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
     }
     deadline = time.monotonic() + timeout
+    liveness = LIVENESS[0] or policy.heartbeat.timeout
     events.emit("launcher_start", arm="pod")
     restarts = 0
     with log.open("w") as out:
@@ -140,11 +146,7 @@ def run_pod_restarts(policy_path: Path, run_id: str, log: Path, timeout: float) 
             proc = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
-            try:
-                code = proc.wait(max(deadline - time.monotonic(), 1))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                code = -9
+            code = _wait_alive(proc, events, deadline, liveness, policy.heartbeat.initial_timeout)
             try:
                 os.killpg(proc.pid, signal.SIGKILL)  # the whole "pod" goes, nothing survives
             except ProcessLookupError:
@@ -155,6 +157,31 @@ def run_pod_restarts(policy_path: Path, run_id: str, log: Path, timeout: float) 
             restarts += 1
             events.emit("worker_failed", local_rank=None, worker_pid=proc.pid, exit_code=code, signal=None)
             events.emit("restart_begin", layer="pod", attempts_left=None, max_restarts=None)
+
+
+def _wait_alive(
+    proc: subprocess.Popen[bytes], events: Any, deadline: float, liveness: float, initial: float
+) -> int:
+    """Wait for the "pod" to end; kill it when the events log stops growing (a liveness probe
+    on the workers' progress: ``initial`` seconds after the start, then ``liveness``)."""
+    started = time.time()
+    while True:
+        code = proc.poll()
+        if code is not None:
+            return code
+        if time.monotonic() >= deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            return -9
+        try:
+            touched = events.path.stat().st_mtime
+        except FileNotFoundError:
+            touched = started
+        quiet = time.time() - max(touched, started)
+        if quiet > (liveness if touched > started else initial):
+            events.emit("hang_detected", detector="liveness probe", quiet_s=round(quiet, 2))
+            os.killpg(proc.pid, signal.SIGKILL)
+            return -9
+        time.sleep(0.2)
 
 
 def report(run_dir: Path) -> dict[str, Any]:
@@ -231,6 +258,13 @@ def main() -> None:
     parser.add_argument("--soft-timeout", default="4s")
     parser.add_argument("--hard-timeout", default="10s")
     parser.add_argument("--heartbeat-timeout", default="15s")
+    parser.add_argument(
+        "--liveness",
+        type=float,
+        default=0.0,
+        help="pod arm: seconds without a new event before the liveness probe restarts the pod "
+        "(default: the heartbeat timeout)",
+    )
     parser.add_argument("--demo-args", default="", help="extra arguments for the demo, e.g. '--width 4096'")
     parser.add_argument("--modes", default="async,sync")
     parser.add_argument("--timeout", type=float, default=400.0, help="per run, seconds")
@@ -243,6 +277,7 @@ def main() -> None:
         help="only re-run `nvtrain report` on the runs of this results file and print the table",
     )
     args = parser.parse_args()
+    LIVENESS[0] = args.liveness
     if args.summarize:
         results = json.loads(args.summarize.read_text())
         for run in results["runs"].values():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -14,7 +15,7 @@ from report_logs import CPU_LOG, Log, two_recoveries
 
 from nvtrain.config.schema import Metrics
 from nvtrain.report import build_report, read_report
-from nvtrain.report.live import Family, LiveFigures, figures, serve
+from nvtrain.report.live import BUILD_SHARE, Family, LiveFigures, figures, serve
 
 
 def flat(families: list[Family]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -73,21 +74,39 @@ def test_live_figures_follow_a_growing_log(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     first, rest = events[:20], events[20:]
     _write(path, first)
-    live = LiveFigures(path, refresh=0.0)
+    live = LiveFigures(path, refresh=5.0, clock=lambda: 1100.0)
+    assert live.report() is None and live.families() == []  # nothing built yet
+    assert live.update() is True
     before = live.report()
     assert before is not None and before.final_step == build_report(first, "t").final_step == 30
+    assert live.update() is False and live.report() is before  # nothing new: not rebuilt
     _write(path, rest, append=True)
+    assert live.update() is True
     after = live.report()
     assert after is not None and after.final_step == 60 and after.exit_code == 0
+    assert flat(live.families()) == flat(figures(build_report(events, "t"), now=1100.0))
 
-    slow = LiveFigures(path, refresh=3600.0)
-    assert slow.report() is not None
-    kept = slow.report()
-    _write(path, [{"ts": 1200.0, "event": "launcher_start", "node": 1}], append=True)
-    assert slow.report() is kept  # not rebuilt before `refresh` has passed
+    missing = LiveFigures(tmp_path / "none.jsonl", refresh=1.0)
+    assert missing.update() is False and missing.report() is None and missing.families() == []
 
-    missing = LiveFigures(tmp_path / "none.jsonl", refresh=0.0)
-    assert missing.report() is None and missing.families() == []
+
+def test_slow_rebuilds_are_spaced_out(tmp_path: Path) -> None:
+    """After a build of b seconds the next waits b / BUILD_SHARE, and never less than refresh."""
+    path = tmp_path / "events.jsonl"
+    # 20,000 events: a build takes long enough to measure on any machine.
+    log = Log()
+    for i in range(10_000):
+        log.step(float(i), i + 1, first=i == 0).step(float(i), i + 1, pid=2, first=i == 0)
+    _write(path, log.events)
+    live = LiveFigures(path, refresh=0.001)
+    assert live.pause() == 0.001
+    start = time.perf_counter()
+    live.update()
+    took = time.perf_counter() - start
+    # The build is part of the update (which also reads the file): 4 x the build time is more
+    # than the 1 ms refresh and at most 4 x the whole update.
+    assert 0.01 < live.pause() <= took / BUILD_SHARE
+    assert LiveFigures(path, refresh=3600.0).pause() == 3600.0
 
 
 def _write(path: Path, events: list[dict], append: bool = False) -> None:
