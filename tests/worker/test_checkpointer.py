@@ -553,6 +553,47 @@ def test_abort_drops_the_save_in_flight(tmp_path: Path) -> None:
     assert [e["step"] for e in _named(log, "checkpoint_partial")] == [20]
 
 
+def test_settle_lets_the_save_in_flight_commit_before_the_abort(tmp_path: Path) -> None:
+    """A soft fault right after a save started: settling first keeps that save, so the restart
+    resumes from it instead of the one before."""
+    run_dir, log = tmp_path / "run", tmp_path / "events.jsonl"
+    model, optimizer = _big_model(48)
+    ckpt = _checkpointer(run_dir, model, optimizer, _policy(True), _events(log))
+    ckpt.save(10)
+    ckpt.wait()
+    _train(model, optimizer, 1, seed=5, width=1024)
+    at_20 = _bits(model, optimizer)
+    ckpt.save(20)
+    assert ckpt.settle(60.0) is True
+    assert ckpt.settle(60.0) is False  # once per save
+    ckpt.abort()
+    ckpt.close()
+    assert _committed(run_dir) == [10, 20]
+    [settled] = _named(log, "checkpoint_settled")
+    assert (settled["step"], settled["finished"], settled["limit_s"]) == (20, True, 60.0)
+
+    fresh_model, fresh_optimizer = _big_model(48, seed=2)
+    restorer = _checkpointer(run_dir, fresh_model, fresh_optimizer, _policy(True))
+    assert restorer.restore() == 20
+    assert _bits(fresh_model, fresh_optimizer) == at_20
+
+
+def test_settle_gives_up_at_its_limit_and_the_abort_still_drops_the_save(tmp_path: Path) -> None:
+    run_dir, log = tmp_path / "run", tmp_path / "events.jsonl"
+    model, optimizer = _big_model(48)
+    ckpt = _checkpointer(run_dir, model, optimizer, _policy(True), _events(log))
+    ckpt.save(10)
+    ckpt.wait()
+    ckpt.save(20)
+    finished = ckpt.settle(0.0)
+    ckpt.abort()
+    [settled] = _named(log, "checkpoint_settled")
+    assert settled["waited_s"] < 0.5 and settled["finished"] is finished
+    time.sleep(1.0)  # the background write goes on; it must not commit after the abort
+    assert _committed(run_dir) == ([10, 20] if finished else [10])
+    assert ckpt.settle(60.0) is False  # nothing in flight after the abort
+
+
 # -- blocked time ------------------------------------------------------------------------------
 
 

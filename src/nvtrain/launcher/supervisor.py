@@ -45,11 +45,12 @@ _SHOWN = {
     "restart_begin",
     "restart_end",
     "checkpoint_restored",
+    "checkpoint_settled",
     "checkpoint_corrupt",
     "checkpoint_partial",
     "checkpoint_failed",
 }
-_SHOWN_FIELDS = ("rank", "step", "kind", "layer", "iteration", "origin", "seconds", "problem")
+_SHOWN_FIELDS = ("rank", "step", "kind", "layer", "iteration", "origin", "seconds", "finished", "problem")
 _MAX_TMPDIR = 60
 
 Reporter = Callable[[str, dict[str, Any]], None]

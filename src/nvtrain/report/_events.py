@@ -42,6 +42,7 @@ WORKER_EVENTS = frozenset(
         "checkpoint_staged",
         "checkpoint_committed",
         "checkpoint_restored",
+        "checkpoint_settled",
         "checkpoint_partial",
         "checkpoint_corrupt",
         "checkpoint_failed",

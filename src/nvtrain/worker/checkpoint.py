@@ -218,6 +218,7 @@ class _Save:
         self.done = threading.Event()
         self.error: BaseException | None = None
         self.started = time.monotonic()
+        self.settled = False
 
 
 class Checkpointer:
@@ -451,8 +452,29 @@ class Checkpointer:
                 self.stager.close()
             self.stager = None
 
+    def settle(self, limit: float) -> bool:
+        """A soft fault is being handled: give the save in flight up to ``limit`` seconds to be
+        written (and, on rank 0, committed) before the collectives are aborted, so the restart
+        resumes from it rather than from the checkpoint before. Called on every rank before
+        ``abort``; waits once per save and never raises. True when the save finished."""
+        save = self.inflight
+        if save is None or save.settled or self.aborted:
+            return False
+        save.settled = True
+        t0 = time.monotonic()
+        finished = save.done.wait(max(0.0, limit)) and save.error is None
+        self._emit(
+            "checkpoint_settled",
+            step=save.step,
+            waited_s=round(time.monotonic() - t0, 6),
+            finished=finished,
+            limit_s=limit,
+        )
+        return finished
+
     def abort(self) -> None:
-        """Forget the save in flight: it is never committed (called on in-process restart)."""
+        """Forget the save in flight: if it has not finished, it is never committed (called on
+        in-process restart, after ``settle``)."""
         self.aborted = True
         self.inflight = None
 

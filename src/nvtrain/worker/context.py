@@ -123,6 +123,11 @@ class Context:
         else:
             self._checkpointer.close()
 
+    def settle(self, limit: float) -> None:
+        """Before an in-process restart: let the save in flight finish, for up to ``limit`` s."""
+        if self._checkpointer is not None:
+            self._checkpointer.settle(limit)
+
     def abort(self) -> None:
         if self._checkpointer is not None:
             self._checkpointer.abort()

@@ -4,9 +4,11 @@ No ``from __future__ import annotations`` here: NVRx passes its ``CallWrapper`` 
 annotated with the class itself, which string annotations would hide.
 
 Per attempt: a fresh process group (its store prefixed with the attempt number), a fresh
-``Context`` and ``Checkpointer``; on a fault NVRx aborts the collectives, our finalize step drops
-the checkpoint in flight (it is never committed), and the function runs again, restoring the
-newest committed checkpoint. Faults that kill the process are left to ft_launcher.
+``Context`` and ``Checkpointer``. On a soft fault every rank first gives the checkpoint in flight
+a bounded time to finish (the failing rank on its way out of the training function, the others
+in our abort step, before NVRx aborts the collectives), then drops it if it has not; the function
+runs again and restores the newest committed checkpoint. Faults that kill the process are left to
+ft_launcher.
 """
 
 import datetime
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nvtrain.config.schema import Policy
 from nvtrain.events import EventLog
 from nvtrain.worker.context import Context
 from nvtrain.worker.faults import FaultInjector
@@ -93,10 +96,22 @@ def _attempt(
         result = main(ctx)
         ctx.finish()
         return result
+    except BaseException:
+        if call_wrapper is not None:  # an in-process restart follows
+            ctx.settle(settle_limit(policy))
+            ctx.abort()
+        raise
     finally:
         _Current.context = None
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def settle_limit(policy: Policy) -> float:
+    """How long a soft fault waits for the checkpoint in flight: half the time between the soft
+    and the hard timeout, so a hang detected at the soft timeout is restarted before the hard one."""
+    ip = policy.restart.in_process
+    return max(0.0, (ip.hard_timeout - ip.soft_timeout) / 2)
 
 
 def run(main: Main) -> Any:
@@ -148,12 +163,22 @@ def _run_in_process(
                 )
             return state
 
+    class _SettleThenAbort(inprocess.abort.Abort):  # type: ignore[misc]
+        """The healthy ranks' side of keeping the save in flight: wait for it, then abort."""
+
+        def __call__(self, state: Any) -> Any:
+            ctx = _Current.context
+            if ctx is not None:
+                ctx.settle(settle_limit(settings.policy))
+            return inprocess.abort.AbortTorchDistributed()(state)
+
     health = inprocess.health_check.CudaHealthCheck() if torch.cuda.is_available() else None
     wrapper = inprocess.Wrapper(
         store_kwargs={"timeout": datetime.timedelta(seconds=barrier)},
         initialize=inprocess.initialize.RetryController(
             max_iterations=ip.max_attempts, min_world_size=ip.min_world_size
         ),
+        abort=_SettleThenAbort(),
         finalize=_DropCheckpoint(),
         health_check=health,
         soft_timeout=datetime.timedelta(seconds=soft),
