@@ -48,8 +48,10 @@ def policy_text(arm: str, mode: str, args: argparse.Namespace, ckpt: Path, port:
     gap = steps // (args.faults + 1)
     for i in range(args.faults):
         # mid-interval, so each fault loses about half an interval of work
-        step = gap * (i + 1) + args.interval // 2
-        rank, kind = (i + 1) % args.nproc, KINDS[i % len(KINDS)]
+        offset = args.interval // 2 if args.fault_offset is None else args.fault_offset
+        step = gap * (i + 1) + offset
+        kinds = args.kinds.split(",")
+        rank, kind = (i + 1) % args.nproc, kinds[i % len(kinds)]
         faults.append(f'[[faults]]\nstep = {step}\nrank = {rank}\nkind = "{kind}"\n')
     in_process = "true" if arm == "in-process" else "false"
     extra = "".join(f', "{a}"' for a in args.demo_args.split())
@@ -86,6 +88,7 @@ dir = "{ckpt}"
 interval = {args.interval}
 keep = 2
 async = {"true" if mode == "async" else "false"}
+finish_in_flight = {args.finish_in_flight}
 
 """ + "\n".join(faults)
 
@@ -267,6 +270,15 @@ def main() -> None:
     )
     parser.add_argument("--demo-args", default="", help="extra arguments for the demo, e.g. '--width 4096'")
     parser.add_argument("--modes", default="async,sync")
+    parser.add_argument("--kinds", default=",".join(KINDS), help="fault kinds, in turn")
+    parser.add_argument(
+        "--fault-offset",
+        type=int,
+        default=None,
+        help="steps after a save at which each fault fires (default: half an interval; "
+        "a multiple of --interval fires right after a save started)",
+    )
+    parser.add_argument("--finish-in-flight", default="true", choices=["true", "false"])
     parser.add_argument("--timeout", type=float, default=400.0, help="per run, seconds")
     parser.add_argument("--out", type=Path, default=Path("/tmp/nvtrain-side-by-side"))
     parser.add_argument("--json", type=Path, default=None)

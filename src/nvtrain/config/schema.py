@@ -206,6 +206,12 @@ class Checkpoint(BaseModel):
     """Committed checkpoints to keep; older ones are deleted. At least 2 with `async`, so a
     complete checkpoint survives while the next one is being written."""
 
+    finish_in_flight: bool = True
+    """At a soft fault (in-process restart), let the save still being written finish before the
+    collectives are aborted, for up to half the gap between the in-process soft and hard
+    timeouts, so the restart resumes from it; `false` drops it at once and goes back to the
+    previous checkpoint."""
+
 
 class Fault(BaseModel):
     """One deterministic fault to inject, for tests and benchmarks. Fires once per run."""

@@ -78,6 +78,7 @@ _VALUES: dict[str, dict[str, str]] = {
         "async": "true",
         "in_memory": "true",
         "keep": "3",
+        "finish_in_flight": "true",
     },
     "metrics": {"enabled": "false", "port": "9464", "refresh": '"5s"'},
     "faults": {"step": "100", "rank": "1", "kind": '"exception"'},

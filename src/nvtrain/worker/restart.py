@@ -109,7 +109,10 @@ def _attempt(
 
 def settle_limit(policy: Policy) -> float:
     """How long a soft fault waits for the checkpoint in flight: half the time between the soft
-    and the hard timeout, so a hang detected at the soft timeout is restarted before the hard one."""
+    and the hard timeout, so a hang detected at the soft timeout is restarted before the hard one
+    (0 with ``[checkpoint] finish_in_flight = false``)."""
+    if not policy.checkpoint.finish_in_flight:
+        return 0.0
     ip = policy.restart.in_process
     return max(0.0, (ip.hard_timeout - ip.soft_timeout) / 2)
 
