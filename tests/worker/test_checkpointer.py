@@ -662,3 +662,23 @@ def test_async_save_blocks_training_much_less_than_sync(tmp_path: Path) -> None:
     # The async event must describe what the loop saw.
     assert statistics.median(blocked["async"]) <= statistics.median(call["async"]) + 0.05
     assert ratio < 0.7
+
+
+@pytest.mark.parametrize(
+    ("finish", "soft", "hard", "limit"),
+    [(True, "4s", "10s", 3.0), (True, "1m", "1m30s", 15.0), (False, "4s", "10s", 0.0)],
+)
+def test_settle_limit_is_half_the_soft_to_hard_gap(finish: bool, soft: str, hard: str, limit: float) -> None:
+    """A hang detected at the soft timeout must be restarted before the hard timeout kills the
+    process, so the wait for the save in flight takes at most half the gap between the two."""
+    from nvtrain.config.schema import Policy
+    from nvtrain.worker.restart import settle_limit
+
+    policy = Policy.model_validate(
+        {
+            "job": {"name": "t", "script": "t.py"},
+            "restart": {"in_process": {"soft_timeout": soft, "hard_timeout": hard}},
+            "checkpoint": {"finish_in_flight": finish},
+        }
+    )
+    assert settle_limit(policy) == limit
