@@ -154,3 +154,14 @@ def test_a_port_in_use_is_an_os_error(tmp_path: Path) -> None:
                 node=0,
                 address="127.0.0.1",
             )
+
+
+def test_saves_in_flight_at_faults_are_counted() -> None:
+    log = two_recoveries()
+    log.at(29.1, "checkpoint_settled", step=20, pid=1, rank=0, waited_s=0.4, finished=True)
+    log.events.sort(key=lambda e: e["ts"])
+    got = flat(figures(build_report(log.events, "t"), now=1100.0))
+    assert got[("nvtrain_checkpoint_in_flight_at_faults", (("result", "finished"),))] == 1.0
+    assert got[("nvtrain_checkpoint_in_flight_at_faults", (("result", "dropped"),))] == 0.0
+    plain = flat(figures(build_report(two_recoveries().events, "t"), now=1100.0))
+    assert not any(name == "nvtrain_checkpoint_in_flight_at_faults" for name, _ in plain)

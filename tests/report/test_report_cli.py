@@ -147,8 +147,10 @@ def test_json(run_dir: Path) -> None:
         "blocked_fraction",
         "waited_for_previous_s",
         "background_s",
+        "in_flight_at_faults",
         "commits",
     }
+    assert data["checkpoints"]["in_flight_at_faults"] == {"finished": 0, "dropped": 0, "waited_s": None}
     assert len(data["segments"]) == 3 and data["notes"] == []
 
 

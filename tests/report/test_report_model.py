@@ -237,3 +237,20 @@ def test_junk_and_nothing() -> None:
     assert any("no launcher_exit" in note for note in r.notes)
     data = r.to_dict()
     assert data["incidents"] == [] and data["goodput"]["training"] is None
+
+
+def test_saves_in_flight_at_soft_faults_finished_or_dropped() -> None:
+    """checkpoint_settled: a save counts as kept only when every rank's part finished."""
+    log = two_recoveries()
+    # At the in-process fault (29 s), the save of step 20 was in flight: both ranks waited.
+    log.at(29.1, "checkpoint_settled", step=20, pid=1, rank=0, waited_s=0.4, finished=True)
+    log.at(29.2, "checkpoint_settled", step=20, pid=2, rank=1, waited_s=0.1, finished=True)
+    # At the SIGKILL (58 s) the survivor waited out its limit for the save of step 40.
+    log.at(58.6, "checkpoint_settled", step=40, pid=1, rank=0, waited_s=3.0, finished=False)
+    log.events.sort(key=lambda e: e["ts"])
+    ck = build_report(log.events, "t").checkpoints
+    assert (ck.finished_at_faults, ck.dropped_at_faults) == (1, 1)
+    assert ck.settle_waited is not None and (ck.settle_waited.count, ck.settle_waited.max) == (2, 3.0)
+    assert ck.settle_waited.median == pytest.approx(1.7)  # the slowest rank of each save: 0.4 and 3.0
+    none = build_report(two_recoveries().events, "t").checkpoints
+    assert (none.finished_at_faults, none.dropped_at_faults, none.settle_waited) == (0, 0, None)

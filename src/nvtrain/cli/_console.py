@@ -454,6 +454,11 @@ def print_report(report: Report, timeline: Path | None) -> None:
         if ckpt.background:
             total = _secs(ckpt.background.total)
             say(f"            background writes {_dist(ckpt.background)}, {total} in all")
+        if ckpt.finished_at_faults or ckpt.dropped_at_faults:
+            say(
+                f"            in flight at soft faults: {ckpt.finished_at_faults} finished and kept, "
+                f"{ckpt.dropped_at_faults} dropped; waited {_dist(ckpt.settle_waited)}"
+            )
     else:
         say("[bold]Checkpoints[/] none saved")
     if timeline is not None:

@@ -123,6 +123,11 @@ def report_dict(report: Report) -> dict[str, Any]:
             "blocked_fraction": _r(blocked_total / split.total) if split.total > 0 else None,
             "waited_for_previous_s": _stats(ckpt.waited),
             "background_s": _stats(ckpt.background),
+            "in_flight_at_faults": {
+                "finished": ckpt.finished_at_faults,
+                "dropped": ckpt.dropped_at_faults,
+                "waited_s": _stats(ckpt.settle_waited),
+            },
             "commits": [{"t_s": _r(t), "step": step} for t, step in ckpt.commits],
         },
         "segments": [

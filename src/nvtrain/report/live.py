@@ -140,6 +140,17 @@ def figures(report: Report, now: float) -> list[Family]:
         else [],
     )
     add(
+        "checkpoint_in_flight_at_faults",
+        "counter",
+        "Saves in flight at a soft fault: finished (kept) or dropped ([checkpoint] finish_in_flight).",
+        [
+            ({"result": "finished"}, float(ck.finished_at_faults)),
+            ({"result": "dropped"}, float(ck.dropped_at_faults)),
+        ]
+        if ck.finished_at_faults or ck.dropped_at_faults
+        else [],
+    )
+    add(
         "checkpoint_blocked_seconds",
         "gauge",
         "Seconds the training loop was blocked per save (slowest rank): median, p95 and max.",

@@ -197,6 +197,12 @@ class Checkpoints:
     """Of which waiting for the previous save's write, when it did."""
     background: Stats | None
     """Seconds per background write (staged to committed)."""
+    finished_at_faults: int
+    """Saves in flight at a soft fault that every rank let finish (kept)."""
+    dropped_at_faults: int
+    """Saves in flight at a soft fault that did not finish in time (dropped)."""
+    settle_waited: Stats | None
+    """Seconds waited for a save in flight at a soft fault (the slowest rank)."""
     commits: tuple[tuple[float, int], ...]
     """(seconds since the job started, step) of each commit."""
 
@@ -533,6 +539,7 @@ def _checkpoints(
     failed: set[tuple[int, int]] = set()
     partial: set[object] = set()
     corrupt: set[object] = set()
+    settled: dict[tuple[int, int], tuple[float, bool]] = {}
     for e in events:
         name, step = e.get("event"), as_int(e.get("step"))
         key = (bisect.bisect_right(bounds, ts(e)), step if step is not None else -1)
@@ -550,6 +557,12 @@ def _checkpoints(
             partial.add(e.get("path", step))
         elif name == "checkpoint_corrupt":
             corrupt.add(e.get("path", step))
+        elif name == "checkpoint_settled":
+            before = settled.get(key, (0.0, True))
+            settled[key] = (
+                max(before[0], as_float(e.get("waited_s")) or 0.0),
+                before[1] and e.get("finished") is True,
+            )
     return Checkpoints(
         saves=len(set(blocked) | set(waited)),
         committed=len(commits),
@@ -559,6 +572,9 @@ def _checkpoints(
         blocked=Stats.of(blocked.values()),
         waited=Stats.of(w for w in waited.values() if w > 0.01),
         background=Stats.of(v for k, v in written.items() if k not in sync),
+        finished_at_faults=sum(1 for _, ok in settled.values() if ok),
+        dropped_at_faults=sum(1 for _, ok in settled.values() if not ok),
+        settle_waited=Stats.of(w for w, _ in settled.values()),
         commits=tuple(commits),
     )
 
