@@ -15,7 +15,7 @@ from report_logs import CPU_LOG, Log, two_recoveries
 
 from nvtrain.config.schema import Metrics
 from nvtrain.report import build_report, read_report
-from nvtrain.report.live import BUILD_SHARE, Family, LiveFigures, figures, serve
+from nvtrain.report.live import BUILD_SHARE, Family, LiveFigures, bind_address, figures, serve
 
 
 def flat(families: list[Family]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -165,3 +165,19 @@ def test_saves_in_flight_at_faults_are_counted() -> None:
     assert got[("nvtrain_checkpoint_in_flight_at_faults", (("result", "dropped"),))] == 0.0
     plain = flat(figures(build_report(two_recoveries().events, "t"), now=1100.0))
     assert not any(name == "nvtrain_checkpoint_in_flight_at_faults" for name, _ in plain)
+
+
+def test_an_ipv6_pod_serves_on_every_ipv6_address(tmp_path: Path) -> None:
+    assert bind_address("2001:db8::7") == "::"
+    assert bind_address("10.0.3.7") == bind_address(None) == bind_address("") == "0.0.0.0"
+    try:
+        server = serve(
+            Metrics(enabled=True, port=_free_port()), tmp_path / "e.jsonl", run_id="r", node=0, address="::"
+        )
+    except OSError as exc:  # a kernel without IPv6
+        pytest.skip(f"no IPv6 here: {exc}")
+    try:
+        with urllib.request.urlopen(f"http://[::1]:{server.port}/metrics", timeout=5) as reply:
+            assert b"nvtrain_run_info" in reply.read()
+    finally:
+        server.close()

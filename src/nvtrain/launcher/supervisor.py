@@ -280,10 +280,16 @@ def _serve_metrics(policy: Policy, identity: Identity, paths: RunPaths) -> Metri
     is a usage error (exit 2) naming the key, before any worker starts."""
     if not policy.metrics.enabled:
         return None
-    from nvtrain.report.live import serve
+    from nvtrain.report.live import bind_address, serve
 
     try:
-        return serve(policy.metrics, paths.events, run_id=identity.run_id, node=identity.node_rank)
+        return serve(
+            policy.metrics,
+            paths.events,
+            run_id=identity.run_id,
+            node=identity.node_rank,
+            address=bind_address(os.environ.get("POD_IP")),
+        )
     except OSError as exc:
         raise UsageError(
             f"[metrics] port = {policy.metrics.port}: cannot serve metrics on it ({exc.strerror or exc})",

@@ -24,7 +24,7 @@ from nvtrain.report.model import Report, Stats, build_report
 if TYPE_CHECKING:
     from nvtrain.config.schema import Metrics
 
-__all__ = ["BUILD_SHARE", "Family", "LiveFigures", "MetricsServer", "figures", "serve"]
+__all__ = ["BUILD_SHARE", "Family", "LiveFigures", "MetricsServer", "bind_address", "figures", "serve"]
 
 Kind = Literal["gauge", "counter"]
 Labels = dict[str, str]
@@ -256,8 +256,14 @@ class MetricsServer:
             thread.join(timeout=5)
 
 
+def bind_address(pod_ip: str | None) -> str:
+    """Every address of the pod's family: ``::`` on an IPv6 pod (Linux then takes IPv4 too),
+    ``0.0.0.0`` otherwise."""
+    return "::" if pod_ip and ":" in pod_ip else "0.0.0.0"
+
+
 def serve(config: Metrics, events: Path, *, run_id: str, node: int, address: str = "") -> MetricsServer:
-    """Serve the live figures of ``events`` on ``config.port`` (all addresses by default).
+    """Serve the live figures of ``events`` on ``config.port`` (every IPv4 address by default).
 
     ``OSError`` when the port cannot be bound; the caller names the policy key.
     """
