@@ -58,6 +58,9 @@ class Context:
         self._call_wrapper = call_wrapper
         self._checkpointer: Checkpointer | None = None
         self._last_step_time: float | None = None
+        self._last_step: tuple[int, float, float | None] | None = None
+        """(step, wall time, seconds it took) of the last completed step."""
+        self._last_logged: int | None = None
 
     def checkpointer(
         self,
@@ -93,8 +96,8 @@ class Context:
             self._call_wrapper.ping()
         saving = self._checkpointer is not None and self._checkpointer.due(step)
         first = self._last_step_time is None  # the first step of an attempt ends a recovery
+        took = None if self._last_step_time is None else round(now - self._last_step_time, 6)
         if self.events is not None and (step % _STEP_SAMPLE == 0 or saving or first):
-            took = None if self._last_step_time is None else round(now - self._last_step_time, 6)
             self.events.emit(
                 "step",
                 step=step,
@@ -104,7 +107,9 @@ class Context:
                 restart_count=self.restart_count,
                 **metrics,
             )
+            self._last_logged = step
         self._last_step_time = now
+        self._last_step = (step, time.time(), took)
         if self._checkpointer is not None:
             if self._call_wrapper is not None and saving:
                 with self._call_wrapper.atomic():
@@ -114,7 +119,8 @@ class Context:
         self.faults.maybe_fire(step, self.rank)
 
     def finish(self) -> None:
-        """Wait for the last checkpoint to be committed."""
+        """Log the last step, and wait for the last checkpoint to be committed."""
+        self.log_last_step()
         if self._checkpointer is None:
             return
         if self._call_wrapper is not None:  # waiting for the last write is not a hang
@@ -122,6 +128,25 @@ class Context:
                 self._checkpointer.close()
         else:
             self._checkpointer.close()
+
+    def log_last_step(self) -> None:
+        """At the end of an attempt (a fault, or the end of training): log the last completed
+        step if sampling skipped it, stamped with the time it completed, so the report counts
+        exactly the steps that were run (and those a restart rolls back)."""
+        if self.events is None or self._last_step is None or self._last_step[0] == self._last_logged:
+            return
+        step, wall, took = self._last_step
+        self.events.emit(
+            "step",
+            ts=round(wall, 6),
+            step=step,
+            rank=self.rank,
+            step_s=took if took is not None else 0.0,
+            attempt=self.iteration,
+            restart_count=self.restart_count,
+            unsampled=True,
+        )
+        self._last_logged = step
 
     def settle(self, limit: float) -> None:
         """Before an in-process restart: let the save in flight finish, for up to ``limit`` s."""

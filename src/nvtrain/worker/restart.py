@@ -97,6 +97,7 @@ def _attempt(
         ctx.finish()
         return result
     except BaseException:
+        ctx.log_last_step()
         if call_wrapper is not None:  # an in-process restart follows
             ctx.settle(settle_limit(policy))
             ctx.abort()
