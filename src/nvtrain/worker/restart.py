@@ -167,6 +167,8 @@ def _run_in_process(
                 )
             return state
 
+    abort_collectives = inprocess.abort.AbortTorchDistributed()  # NVRx's default abort
+
     class _SettleThenAbort(inprocess.abort.Abort):  # type: ignore[misc]
         """The healthy ranks' side of keeping the save in flight: wait for it, then abort."""
 
@@ -174,7 +176,7 @@ def _run_in_process(
             ctx = _Current.context
             if ctx is not None:
                 ctx.settle(settle_limit(settings.policy))
-            return inprocess.abort.AbortTorchDistributed()(state)
+            return abort_collectives(state)
 
     health = inprocess.health_check.CudaHealthCheck() if torch.cuda.is_available() else None
     wrapper = inprocess.Wrapper(
