@@ -578,6 +578,37 @@ def test_settle_lets_the_save_in_flight_commit_before_the_abort(tmp_path: Path) 
     assert _bits(fresh_model, fresh_optimizer) == at_20
 
 
+def test_a_second_settle_waits_for_the_first_before_returning(tmp_path: Path) -> None:
+    """The failing rank's main thread and NVRx's abort thread may both settle the same save: the
+    second caller (the abort, which then destroys the process groups) must not return while the
+    first still waits for the write."""
+    import threading
+
+    run_dir, log = tmp_path / "run", tmp_path / "events.jsonl"
+    model, optimizer = _big_model(48)
+    ckpt = _checkpointer(run_dir, model, optimizer, _policy(True), _events(log))
+    ckpt.save(10)
+    save = ckpt.inflight
+    hold = threading.Event()
+    real_wait = save.done.wait
+    save.done.wait = lambda timeout=None: hold.wait(timeout) and real_wait(timeout)  # type: ignore[method-assign]
+    first = threading.Thread(target=ckpt.settle, args=(60.0,))
+    first.start()
+    time.sleep(0.2)
+    returned = threading.Event()
+    second = threading.Thread(target=lambda: (ckpt.settle(60.0), returned.set()))
+    second.start()
+    assert not returned.wait(1.0), "the second settle returned while the first was still waiting"
+    hold.set()
+    first.join(30)
+    assert returned.wait(30)
+    second.join(30)
+    ckpt.close()
+    assert _committed(run_dir) == [10]
+    [settled] = _named(log, "checkpoint_settled")  # one event: the first caller's
+    assert settled["finished"] is True
+
+
 def test_settle_gives_up_at_its_limit_and_the_abort_still_drops_the_save(tmp_path: Path) -> None:
     run_dir, log = tmp_path / "run", tmp_path / "events.jsonl"
     model, optimizer = _big_model(48)

@@ -218,7 +218,8 @@ class _Save:
         self.done = threading.Event()
         self.error: BaseException | None = None
         self.started = time.monotonic()
-        self.settled = False
+        self.settling = False
+        self.settled = threading.Event()
 
 
 class Checkpointer:
@@ -255,6 +256,7 @@ class Checkpointer:
         # Background saves coordinate on their own group, never on the training loop's.
         self.group = dist.new_group(backend="gloo") if self.distributed else None
         self.inflight: _Save | None = None
+        self._settle_lock = threading.Lock()
         self.aborted = False
         self.stager: Any = None
         self.last_saved: int | None = None
@@ -458,11 +460,20 @@ class Checkpointer:
         resumes from it rather than from the checkpoint before. Called on every rank before
         ``abort``; waits once per save and never raises. True when the save finished."""
         save = self.inflight
-        if save is None or save.settled or self.aborted:
+        if save is None or self.aborted:
             return False
-        save.settled = True
+        with self._settle_lock:
+            first, save.settling = not save.settling, True
+        if not first:
+            # The failing rank's main thread and NVRx's abort thread both get here: the second
+            # must not let the collectives be aborted while the first still waits.
+            save.settled.wait(max(0.0, limit))
+            return False
         t0 = time.monotonic()
-        finished = save.done.wait(max(0.0, limit)) and save.error is None
+        try:
+            finished = save.done.wait(max(0.0, limit)) and save.error is None
+        finally:
+            save.settled.set()
         self._emit(
             "checkpoint_settled",
             step=save.step,
