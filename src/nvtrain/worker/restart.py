@@ -11,6 +11,7 @@ runs again and restores the newest committed checkpoint. Faults that kill the pr
 ft_launcher.
 """
 
+import contextlib
 import datetime
 import os
 import socket
@@ -97,9 +98,12 @@ def _attempt(
         ctx.finish()
         return result
     except BaseException:
-        ctx.log_last_step()
+        # Nothing here may replace the fault on its way to NVRx (an unwritable events log, say).
+        with contextlib.suppress(Exception):
+            ctx.log_last_step()
         if call_wrapper is not None:  # an in-process restart follows
-            ctx.settle(settle_limit(policy))
+            with contextlib.suppress(Exception):
+                ctx.settle(settle_limit(policy))
             ctx.abort()
         raise
     finally:
@@ -175,7 +179,8 @@ def _run_in_process(
         def __call__(self, state: Any) -> Any:
             ctx = _Current.context
             if ctx is not None:
-                ctx.settle(settle_limit(settings.policy))
+                with contextlib.suppress(Exception):  # the abort must happen whatever
+                    ctx.settle(settle_limit(settings.policy))
             return abort_collectives(state)
 
     health = inprocess.health_check.CudaHealthCheck() if torch.cuda.is_available() else None
