@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import dataclasses
 import datetime
 import importlib.metadata
@@ -56,6 +55,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from nvtrain.launcher.process import become_subreaper, descendants, kill_all
+
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "worker.py"
 REPO = HERE.parent.parent
@@ -69,56 +72,11 @@ _EVENT = re.compile(
 # --------------------------------------------------------------------------- processes
 
 
-def _become_subreaper() -> None:
-    """Orphaned descendants (detached monitors, workers) become our children (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-
-
-def _descendants() -> list[int]:
-    """Pids of this process's living (not zombie) descendants, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] == "Z":
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-    found, todo = [], [os.getpid()]
-    while todo:
-        for pid in children.get(todo.pop(), []):
-            found.append(pid)
-            todo.append(pid)
-    return found
-
-
-def _reap() -> None:
-    """Collect exit statuses of re-parented orphans."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
 def _kill_descendants() -> list[int]:
-    """SIGKILL every descendant of this process, by pid; returns the pids."""
-    pids = _descendants()
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5.0
-    while _descendants() and time.monotonic() < deadline:
-        _reap()
-        time.sleep(0.05)
-    _reap()
+    """SIGKILL every descendant of this process (the library's kill_all, no grace); returns
+    the pids that were still there."""
+    pids = [p.pid for p in descendants()]
+    kill_all(timeout=0.0)
     return pids
 
 
@@ -220,10 +178,7 @@ def execute(run: Run, env: dict[str, str], timeout: float) -> Run:
                 os.killpg(proc.pid, signal.SIGKILL)
             run.exit_code = proc.wait()
         run.end = time.time()
-    deadline = time.monotonic() + 2.0
-    while _descendants() and time.monotonic() < deadline:
-        _reap()
-        time.sleep(0.05)
+    psutil.wait_procs(descendants(), timeout=2.0)  # what exits by itself (reaped) is no leftover
     run.leftovers = len(_kill_descendants())
     text = run.log.read_text(errors="replace")
     run.events = _parse(text)
@@ -620,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     opts.env = env
 
-    _become_subreaper()
+    become_subreaper()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     info = machine()
     started = time.monotonic()
