@@ -167,9 +167,12 @@ def test_saves_in_flight_at_faults_are_counted() -> None:
     assert not any(name == "nvtrain_checkpoint_in_flight_at_faults" for name, _ in plain)
 
 
-def test_an_ipv6_pod_serves_on_every_ipv6_address(tmp_path: Path) -> None:
+def test_the_bind_address_follows_the_pod_ip_family() -> None:
     assert bind_address("2001:db8::7") == "::"
     assert bind_address("10.0.3.7") == bind_address(None) == bind_address("") == "0.0.0.0"
+
+
+def test_an_ipv6_pod_serves_on_every_ipv6_address(tmp_path: Path) -> None:
     try:
         server = serve(
             Metrics(enabled=True, port=_free_port()), tmp_path / "e.jsonl", run_id="r", node=0, address="::"
@@ -181,3 +184,25 @@ def test_an_ipv6_pod_serves_on_every_ipv6_address(tmp_path: Path) -> None:
             assert b"nvtrain_run_info" in reply.read()
     finally:
         server.close()
+
+
+def test_an_unreadable_log_does_not_stop_the_updates(tmp_path: Path) -> None:
+    """The log is briefly not a readable file (shared storage hiccup): the figures catch up after."""
+    path = tmp_path / "events.jsonl"
+    path.mkdir()  # reading it fails (IsADirectoryError)
+    server = serve(
+        Metrics(enabled=True, port=_free_port(), refresh=0.1), path, run_id="r", node=0, address="127.0.0.1"
+    )
+    try:
+        time.sleep(0.5)  # a few failed updates
+        path.rmdir()
+        _write(path, two_recoveries().events)
+        deadline = time.monotonic() + 20
+        text = ""
+        while "nvtrain_step{" not in text and time.monotonic() < deadline:
+            time.sleep(0.1)
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as reply:
+                text = reply.read().decode()
+    finally:
+        server.close()
+    assert 'nvtrain_step{run_id="r"} 60.0' in text

@@ -10,6 +10,7 @@ aggregate with ``max by (run_id)``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import threading
@@ -275,9 +276,13 @@ def serve(config: Metrics, events: Path, *, run_id: str, node: int, address: str
     stop = threading.Event()
 
     def keep_fresh() -> None:
-        live.update()
-        while not stop.wait(live.pause()):
-            live.update()
+        while True:
+            # A log that cannot be read for a moment (shared storage) must not end the updates:
+            # the figures then stay as they were, and their age figures keep growing.
+            with contextlib.suppress(Exception):
+                live.update()
+            if stop.wait(live.pause()):
+                return
 
     info = {"run_id": run_id, "node": str(node)}
 
