@@ -26,6 +26,7 @@ import math
 import os
 import platform
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -221,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    # The commands run in a temporary directory: a relative path (.venv/bin/python) must not
+    # be resolved there.
+    found = shutil.which(args.python)
+    if found is None:
+        parser.error(f"--python {args.python}: no such interpreter")
+    args.python = os.path.abspath(found)
 
     env = child_env()
     load_before = os.getloadavg()

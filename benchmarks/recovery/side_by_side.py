@@ -33,6 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+from nvtrain.launcher.process import become_subreaper, kill_all  # noqa: E402
+
 KINDS = ["exception", "hang", "sigkill", "exception", "sigkill"]
 LIVENESS: list[float] = [0.0]  # --liveness, seconds; 0: the policy's heartbeat timeout
 
@@ -110,7 +113,6 @@ def run_nvtrain(policy: Path, run_id: str, log: Path, timeout: float) -> int:
 
 def run_pod_restarts(policy_path: Path, run_id: str, log: Path, timeout: float) -> int:
     """torchrun without restarts, started again from scratch after every failure."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
     from nvtrain.config.validation import load_policy
     from nvtrain.events import EventLog
 
@@ -151,9 +153,10 @@ def run_pod_restarts(policy_path: Path, run_id: str, log: Path, timeout: float) 
             )
             code = _wait_alive(proc, events, deadline, liveness, policy.heartbeat.initial_timeout)
             try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the whole "pod" goes, nothing survives
+                os.killpg(proc.pid, signal.SIGKILL)  # the whole "pod" goes, nothing survives:
             except ProcessLookupError:
                 pass
+            kill_all(timeout=0.0)  # also the workers torchrun started in sessions of their own
             if code == 0 or time.monotonic() >= deadline or restarts >= policy.restart.in_job.max_restarts:
                 events.emit("launcher_exit", exit_code=code, cause="pod-restart baseline ended")
                 return code
@@ -257,7 +260,12 @@ def main() -> None:
     parser.add_argument("--arms", default="pod,in-job,in-process")
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
-    parser.add_argument("--collective-timeout", default="6s")
+    parser.add_argument(
+        "--collective-timeout",
+        default=None,
+        help='default: "6s" with gloo (below the hard timeout: gloo cannot abort), "12s" with NCCL '
+        "(above it: NCCL collectives are aborted by the in-process layer)",
+    )
     parser.add_argument("--soft-timeout", default="4s")
     parser.add_argument("--hard-timeout", default="10s")
     parser.add_argument("--heartbeat-timeout", default="15s")
@@ -290,6 +298,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     LIVENESS[0] = args.liveness
+    if args.collective_timeout is None:
+        args.collective_timeout = "6s" if args.backend == "gloo" else "12s"
     if args.summarize:
         results = json.loads(args.summarize.read_text())
         for run in results["runs"].values():
@@ -297,6 +307,7 @@ def main() -> None:
         args.summarize.write_text(json.dumps(results, indent=2))
         print(table(results))
         return
+    become_subreaper()  # orphans of a killed "pod" become ours, so kill_all reaches them
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
@@ -315,14 +326,18 @@ def main() -> None:
             runner = run_pod_restarts if arm == "pod" else run_nvtrain
             code = runner(policy, run_id, log, args.timeout)
             wall = time.monotonic() - t0
+            # torchrun starts each worker in a session of its own, so a killed "pod" can leave a
+            # hung worker behind (holding its GPU memory); nothing may outlive its arm
+            leftovers = kill_all(timeout=0.0)
             rep = report(ckpt / run_id)
             results["runs"][key] = {
                 "exit_code": code,
                 "wall_s": round(wall, 2),
+                "leftover_processes": len(leftovers),
                 "run_dir": str(ckpt / run_id),
                 "report": rep,
             }
-            print(f"{key}: exit {code}, {wall:.1f} s", flush=True)
+            print(f"{key}: exit {code}, {wall:.1f} s, {len(leftovers)} leftover processes", flush=True)
             if args.json:  # after every run, so a run cut short still leaves its results
                 args.json.write_text(json.dumps(results, indent=2))
     if args.json:

@@ -17,8 +17,10 @@ code  meaning                                               retry?
 1     workers failed and the restart budget is spent;       policy
       ``validate --strict``: warnings found
 2     bad usage or invalid policy                           never
-3     peers' DNS names or the rendezvous not found in time  yes
-4     the same fault repeats without progress (escalation)  never
+3     peers' DNS names not resolved (``dns_timeout``) or    yes
+      the rendezvous not completed (``join_timeout``)
+4     the same fault repeats without progress (escalation;  never
+      also NVRx 0.7+'s "do not restart" exit code 93)
 128+N stopped by signal N (143 = SIGTERM)                   scheduler
 ====  ====================================================  ==========
 """

@@ -11,12 +11,15 @@ import dataclasses
 import re
 from importlib import metadata
 
-__all__ = ["DISTRIBUTION", "TESTED", "NvrxVersion", "installed_nvrx"]
+__all__ = ["DISTRIBUTION", "NO_RESTART_EXIT_CODE", "TESTED", "NvrxVersion", "installed_nvrx"]
 
 DISTRIBUTION = "nvidia-resiliency-ext"
 
 TESTED = ("0.4", "0.6", "0.7")
 """Release lines nvtrain is tested against (0.4.1 in CI; 0.6/0.7 on GPU images)."""
+
+NO_RESTART_EXIT_CODE = 93
+"""ft_launcher's exit code (NVRx 0.7+) when NVRx itself decided that restarting is pointless."""
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -67,6 +70,11 @@ class NvrxVersion:
     def has_no_restart_exit_code(self) -> bool:
         """0.7 exits 93 when it decides a restart is pointless."""
         return (self.major, self.minor) >= (0, 7)
+
+    def is_no_restart_exit(self, launcher_exit_code: int) -> bool:
+        """Whether ft_launcher's exit code says "do not restart": 93 on 0.7+ (its progress
+        tracker saw no progress over several restarts). Before 0.7, 93 means nothing special."""
+        return self.has_no_restart_exit_code and launcher_exit_code == NO_RESTART_EXIT_CODE
 
 
 def installed_nvrx() -> NvrxVersion | None:

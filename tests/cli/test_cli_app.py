@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from nvtrain import __version__
-from nvtrain.cli import app
+from nvtrain.cli import COMMANDS, app, app_for
 from nvtrain.config.reference import schema_json
 
 runner = CliRunner()
@@ -20,9 +22,16 @@ def test_help() -> None:
     assert result.exit_code == 0
     assert result.stderr == ""
     assert "Usage: nvtrain [OPTIONS] COMMAND [ARGS]..." in result.stdout
-    for command in ("validate", "schema"):
-        assert f"│ {command} " in result.stdout
+    assert "Commands:" in result.stdout
+    listed = re.findall(r"^  ([a-z-]+) +\S", result.stdout.split("Commands:")[1], re.MULTILINE)
+    assert (
+        listed
+        == list(COMMANDS)
+        == ["run", "validate", "schema", "tune-interval", "init", "manifest", "report"]
+    )
+    assert "  validate       Check a policy: every problem at once" in result.stdout
     assert "--version" in result.stdout
+    assert "\x1b[" not in result.stdout and "│" not in result.stdout  # plain text, no rich boxes
     assert runner.invoke(app, ["-h"]).stdout == result.stdout
 
 
@@ -60,6 +69,52 @@ def test_schema_help() -> None:
     assert result.exit_code == 0
     assert "--output" in result.stdout
     assert "Print the policy's JSON Schema." in result.stdout
+
+
+# The first line of each command's docstring, and options its help must list.
+COMMAND_HELP = {
+    "run": ("Run the training job of POLICY on this node under ft_launcher", ["--dry-run", "--run-id"]),
+    "validate": ("Check a policy: every problem at once", ["--timings", "--nvrx", "--strict", "--json"]),
+    "schema": ("Print the policy's JSON Schema.", ["--output"]),
+    "tune-interval": ("Recommend a checkpoint interval", ["--json"]),
+    "init": ("Write policy.toml", []),
+    "manifest": ("Render the Kubernetes objects of POLICY as YAML", []),
+    "report": ("Report a run from its events log", []),
+}
+
+
+def test_every_command_has_its_help_checked() -> None:
+    assert set(COMMAND_HELP) == set(COMMANDS)
+
+
+@pytest.mark.parametrize("command", list(COMMAND_HELP))
+def test_command_help(command: str) -> None:
+    summary, options = COMMAND_HELP[command]
+    result = runner.invoke(app, [command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    text = result.stdout
+    assert text.startswith(f"Usage: nvtrain {command} [OPTIONS]")
+    assert summary in " ".join(text.split())
+    for option in [*options, "-h, --help"]:
+        assert option in text
+    assert runner.invoke(app, [command, "-h"]).stdout == text
+
+
+@pytest.mark.parametrize("command", list(COMMAND_HELP))
+def test_the_one_command_app_behaves_as_the_whole_app(command: str) -> None:
+    """`nvtrain COMMAND ...` runs an app built with that command only (start-up time)."""
+    one = app_for([command, "--help"])
+    assert one is not app
+    assert runner.invoke(one, [command, "--help"]).stdout == runner.invoke(app, [command, "--help"]).stdout
+    bad = runner.invoke(one, [command, "--no-such-option"])
+    assert bad.exit_code == 2
+    assert bad.stderr == runner.invoke(app, [command, "--no-such-option"]).stderr
+
+
+@pytest.mark.parametrize("args", [[], ["--help"], ["--version"], ["frobnicate"], ["-h", "validate"]])
+def test_anything_but_a_command_first_gets_the_whole_app(args: list[str]) -> None:
+    assert app_for(args) is app
 
 
 # ---------------------------------------------------------------------------------------------

@@ -238,6 +238,32 @@ class Running:
         psutil.wait_procs(list(targets.values()), timeout=5)
 
 
+def with_hosts(directory: Path, names: Sequence[str], address: str = "127.0.0.1") -> list[str]:
+    """A command prefix that runs its command with ``names`` in ``/etc/hosts`` (mapped to
+    ``address``) and the machine's own entries kept: a private mount namespace with a file
+    bind-mounted over ``/etc/hosts``. Nothing else is isolated (same network, same processes),
+    and the real resolver answers (glibc reads the file; so do torch's C++ getaddrinfo calls).
+    Skips the test where mount namespaces are not available (root, or unprivileged user
+    namespaces, and util-linux's ``unshare``/``mount`` are needed).
+    """
+    if shutil.which("unshare") is None or shutil.which("mount") is None:
+        pytest.skip("needs util-linux (unshare, mount) for a private /etc/hosts")
+    hosts = directory / "hosts"
+    original = Path("/etc/hosts").read_text(encoding="utf-8") if Path("/etc/hosts").is_file() else ""
+    hosts.write_text(original + "".join(f"\n{address} {name}" for name in names) + "\n", encoding="utf-8")
+    userns = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    prefix = [
+        "unshare", *userns, "--mount", "--propagation", "private", "--",
+        "sh", "-c", f'mount --bind "{hosts}" /etc/hosts && exec "$@"', "sh",
+    ]  # fmt: skip
+    probe = subprocess.run(
+        [*prefix, "getent", "hosts", names[0]], capture_output=True, text=True, timeout=30, check=False
+    )
+    if probe.returncode != 0 or address not in probe.stdout:
+        pytest.skip(f"cannot give a process its own /etc/hosts here: {probe.stderr.strip() or probe.stdout}")
+    return prefix
+
+
 class NvtrainRunner:
     """Starts ``python -m nvtrain run ...`` in ``tmp_path`` with a private, short TMPDIR."""
 
@@ -253,11 +279,12 @@ class NvtrainRunner:
         env.update(extra or {})
         return env
 
-    def start(self, *args: str, env: dict[str, str] | None = None) -> Running:
+    def start(self, *args: str, env: dict[str, str] | None = None, prefix: Sequence[str] = ()) -> Running:
+        """Start ``nvtrain run ARGS``; ``prefix`` is a command that execs it (``with_hosts``)."""
         token = uuid.uuid4().hex
         out_dir = self.tmp_path / f"run{len(self.runs)}"
         out_dir.mkdir()
-        argv = [sys.executable, "-m", "nvtrain", "run", *args]
+        argv = [*prefix, sys.executable, "-m", "nvtrain", "run", *args]
         running = Running(argv, self.env(token, env), self.tmp_path, out_dir, token)
         self.runs.append(running)
         return running

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import yaml
 from kubernetes_validate import utils as kv
 
@@ -82,6 +83,147 @@ def schema_errors(obj: dict[str, Any], version: str) -> str | None:
             f"{obj['kind']} {obj['metadata']['name']} (Kubernetes {version}) {exc.json_path}: {exc.message}"
         )
     return None
+
+
+_DNS_LABEL = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_JOB_TEMPLATE = {
+    "type": "object",
+    "required": ["spec"],
+    "properties": {"metadata": {"type": "object"}, "spec": {"type": "object"}},
+    "additionalProperties": False,
+}
+JOBSET_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "jobset.x-k8s.io/v1alpha2"},
+        "kind": {"const": "JobSet"},
+        "metadata": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string", "pattern": _DNS_LABEL, "maxLength": 63},
+                "namespace": {"type": "string", "pattern": _DNS_LABEL, "maxLength": 63},
+                "labels": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 63}},
+            },
+        },
+        "spec": {
+            "type": "object",
+            "required": ["replicatedJobs"],
+            "additionalProperties": False,
+            "properties": {
+                "replicatedJobs": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["name", "template"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "name": {"type": "string", "pattern": _DNS_LABEL, "maxLength": 63},
+                            "replicas": {"type": "integer", "minimum": 0},
+                            "template": _JOB_TEMPLATE,
+                        },
+                    },
+                },
+                "network": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "enableDNSHostnames": {"type": "boolean"},
+                        "subdomain": {"type": "string", "pattern": _DNS_LABEL, "maxLength": 63},
+                        "publishNotReadyAddresses": {"type": "boolean"},
+                    },
+                },
+                "failurePolicy": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "maxRestarts": {"type": "integer", "minimum": 0},
+                        "rules": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": ["name", "action"],
+                                "additionalProperties": False,
+                                "properties": {
+                                    "name": {
+                                        "type": "string",
+                                        "pattern": "^[a-zA-Z]([a-zA-Z0-9_]*[a-zA-Z0-9])?$",
+                                    },
+                                    "action": {
+                                        "enum": [
+                                            "FailJobSet",
+                                            "RestartJobSet",
+                                            "RestartJobSetAndIgnoreMaxRestarts",
+                                        ]
+                                    },
+                                    "onJobFailureReasons": {
+                                        "type": "array",
+                                        "items": {
+                                            "enum": [
+                                                "BackoffLimitExceeded",
+                                                "DeadlineExceeded",
+                                                "FailedIndexes",
+                                                "MaxFailedIndexesExceeded",
+                                                "PodFailurePolicy",
+                                            ]
+                                        },
+                                    },
+                                    "targetReplicatedJobs": {"type": "array", "items": {"type": "string"}},
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+"""The fields of the JobSet CRD (``jobset.x-k8s.io/v1alpha2``) that nvtrain renders, with their
+types, required fields and enums as the CRD declares them. kubernetes-validate ships no CRD
+schemas and none is packaged on PyPI, so this subset is written out here; fields that nvtrain
+does not render (successPolicy, startupPolicy, ...) are refused so that a new one gets a check."""
+
+
+def jobset_errors(obj: dict[str, Any], version: str) -> list[str]:
+    """Problems of a JobSet: its own fields against ``JOBSET_SCHEMA``, and each replicated Job's
+    template wrapped as a ``batch/v1`` Job against the strict schema of Kubernetes ``version``."""
+    errors = [
+        f"JobSet {obj.get('metadata', {}).get('name')} {'.'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in jsonschema.Draft202012Validator(JOBSET_SCHEMA).iter_errors(obj)
+    ]
+    if errors:
+        return errors
+    name = obj["metadata"]["name"]
+    for replicated in obj["spec"]["replicatedJobs"]:
+        template = replicated["template"]
+        job_name = f"{name}-{replicated['name']}-{replicated.get('replicas', 1) - 1}"
+        # JobSet names pod i of Job j <jobset>-<replicated job>-<j>-<i>, and each must be a DNS label.
+        last_pod = f"{job_name}-{template['spec'].get('completions', 1) - 1}"
+        if len(last_pod) > 63:
+            errors.append(f"JobSet {name}: pod name {last_pod} is longer than 63 characters")
+        job = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {**template.get("metadata", {}), "name": job_name},
+            "spec": template["spec"],
+        }
+        if "namespace" in obj["metadata"]:
+            job["metadata"]["namespace"] = obj["metadata"]["namespace"]
+        problem = schema_errors(job, version)
+        if problem:
+            errors.append(f"JobSet {name} replicated job {replicated['name']}: {problem}")
+    return errors
+
+
+def object_errors(obj: dict[str, Any], version: str) -> list[str]:
+    """Problems of any rendered object: the JobSet as above, the others by kubernetes-validate."""
+    if obj["kind"] == "JobSet":
+        return jobset_errors(obj, version)
+    problem = schema_errors(obj, version)
+    return [problem] if problem else []
 
 
 def load_all(text: str) -> list[dict[str, Any]]:

@@ -10,7 +10,15 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from templates_helpers import KUBERNETES_VERSIONS, MINIMAL, by_kind, load_all, policy_of, schema_errors
+from templates_helpers import (
+    KUBERNETES_VERSIONS,
+    MINIMAL,
+    by_kind,
+    load_all,
+    object_errors,
+    policy_of,
+    schema_errors,
+)
 
 from nvtrain.templates.manifest import ManifestOptions, dump, render
 
@@ -63,10 +71,12 @@ def toml_string(value: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-def policy_text(args: list[str], directory: str = "/checkpoints", script: str = "train.py") -> str:
+def policy_text(
+    args: list[str], directory: str = "/checkpoints", script: str = "train.py", name: str = "llm-train"
+) -> str:
     return (
         "[job]\n"
-        'name = "llm-train"\n'
+        f'name = "{name}"\n'
         f"script = {toml_string(script)}\n"
         f"args = [{', '.join(toml_string(a) for a in args)}]\n"
         "[checkpoint]\n"
@@ -114,6 +124,30 @@ def test_checkpoint_paths_round_trip_into_the_mount(directory: str) -> None:
         assert all(schema_errors(o, version) is None for o in objects)
 
 
+@pytest.mark.parametrize("nasty", NASTY, ids=range(len(NASTY)))
+def test_nasty_strings_round_trip_through_the_jobset_variant(nasty: str) -> None:
+    """The JobSet carries the same strings through its replicated Job's template; parsed back it
+    is exactly what was built, and its fields and its Job template stay valid."""
+    text = policy_text(
+        ["--note", nasty, nasty + nasty], script=f"/opt/{nasty}/train.py", name="llm-workers-0"
+    )
+    options = ManifestOptions(jobset=True, env={"NOTE": nasty}, image="registry.example.com:5000/ml/x:1")
+    objects = round_trip(text, options)
+    assert [o["kind"] for o in objects] == ["ConfigMap", "NetworkPolicy", "JobSet"]
+    [replicated] = by_kind(objects, "JobSet")["spec"]["replicatedJobs"]
+    container = replicated["template"]["spec"]["template"]["spec"]["containers"][0]
+    assert {e["name"]: e.get("value") for e in container["env"]}["NOTE"] == nasty
+    for version in KUBERNETES_VERSIONS:
+        errors = [e for o in objects for e in object_errors(o, version)]
+        assert not errors, errors
+
+
+def test_injected_documents_stay_inside_the_jobset_configmap() -> None:
+    attack = "\n---\napiVersion: v1\nkind: Secret\nmetadata:\n  name: stolen\n"
+    parsed = round_trip(policy_text([attack], name="llm-workers-0"), ManifestOptions(jobset=True))
+    assert [o["kind"] for o in parsed] == ["ConfigMap", "NetworkPolicy", "JobSet"]
+
+
 def test_a_policy_file_with_crlf_line_ends_is_kept_byte_for_byte() -> None:
     text = MINIMAL.replace("\n", "\r\n") + 'args = ["a  ", "\\tb"]\r\n'
     round_trip(text)
@@ -129,9 +163,10 @@ def test_injected_documents_stay_inside_the_configmap_string() -> None:
 _TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=40)
 
 
-@given(args=st.lists(_TEXT, min_size=1, max_size=4), env_value=_TEXT)
-def test_any_args_and_env_values_round_trip(args: list[str], env_value: str) -> None:
-    round_trip(policy_text(args), ManifestOptions(env={"X": env_value}))
+@given(args=st.lists(_TEXT, min_size=1, max_size=4), env_value=_TEXT, jobset=st.booleans())
+def test_any_args_and_env_values_round_trip(args: list[str], env_value: str, jobset: bool) -> None:
+    name = "llm-workers-0" if jobset else "llm-train"
+    round_trip(policy_text(args, name=name), ManifestOptions(env={"X": env_value}, jobset=jobset))
 
 
 @given(

@@ -3,6 +3,9 @@ files, and the Kubernetes OpenAPI schemas (1.28 and the newest that kubernetes-v
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import json
 import socket
 from typing import Any
 
@@ -15,6 +18,7 @@ from templates_helpers import (
     by_kind,
     check_golden,
     load_all,
+    object_errors,
     policy_of,
     schema_errors,
     set_keys,
@@ -368,7 +372,7 @@ def test_golden_p5_options() -> None:
 
 
 def test_golden_jobset() -> None:
-    """kubernetes-validate has no schema for the JobSet CRD; this golden file pins its shape."""
+    """The JobSet is also schema-checked (``jobset_errors``, below); this pins its exact shape."""
     check_golden(
         "starter_jobset.yaml", dump(objects_of(starter_named("llm-workers-0"), ManifestOptions(jobset=True)))
     )
@@ -376,12 +380,55 @@ def test_golden_jobset() -> None:
 
 # -- Kubernetes OpenAPI schemas ----------------------------------------------------------------
 
+LONG_NAME = "llm-" + "x1" * 26 + "-end"
+"""60 characters: with 16 nodes the longest pod name, ``<name>-15``, is 63, a DNS label's limit."""
+LONG_JOBSET_NAME = "llm-" + "y2" * 23 + "-workers-0"
+LONG_NAMESPACE = "ns-" + "0z" * 30
+UNUSUAL_ARGS = [
+    '--note=it\'s "quoted"',
+    "key: value",
+    "multi\nline: - item\n---\nkind: Secret",
+    "#not-a-comment",
+    "{{ .Values.x }} ${HOME}",
+    "yes",
+    "--lr=3e-4",
+    "",
+]
+UNUSUAL = (
+    "[job]\n"
+    f'name = "{LONG_NAME}"\n'
+    'script = "train.py"\n'
+    f"args = {json.dumps(UNUSUAL_ARGS, ensure_ascii=False)}\n"
+    "nproc_per_node = 8\n"
+    "[rendezvous]\n"
+    f'namespace = "{LONG_NAMESPACE}"\n'
+    "nodes = 16\n"
+    "port = 65535\n"
+    "[checkpoint]\n"
+    "dir = \"/mnt/ckpt: v2/#run 'x'\"\n"
+    "[metrics]\n"
+    "enabled = true\n"
+    "port = 1024\n"
+)
+UNUSUAL_OPTIONS = ManifestOptions(
+    image="registry-1.example.com:5000/team_a/sub.group/llm__train:v1.2.3-rc.1_b@sha256:" + "a" * 64,
+    cpu="95500m",
+    memory="1.5Ti",
+    shm_size="1000Gi",
+    resources={"rdma/hca_shared_devices_a": 1},
+    backoff_limit=0,
+    labels={"example.com/team": "ml.research_1"},
+    env={"NOTE": "a: b\n- c # d", "EMPTY": ""},
+    node_selector={"topology.kubernetes.io/zone": "us-east-1a"},
+)
+
 SCHEMA_CASES = {
     "minimal": (MINIMAL, ManifestOptions()),
     "metrics": (METRICS_ON, ManifestOptions()),
     "starter": (starter_text("policy.toml"), ManifestOptions()),
     "starter-p5": (starter_text("policy.toml"), P5),
-    "jobset-companions": (starter_named("llm-workers-0"), ManifestOptions(jobset=True)),
+    "jobset": (starter_named("llm-workers-0"), ManifestOptions(jobset=True)),
+    "jobset-p5": (starter_named("llm-workers-0"), dataclasses.replace(P5, jobset=True)),
     "gloo-cpu": (
         set_keys(
             starter_text("policy.toml"),
@@ -393,18 +440,62 @@ SCHEMA_CASES = {
         ),
         ManifestOptions(cpu="500m", memory="64Gi", shm_size="1Gi", resources={"rdma/hca": 1}),
     ),
+    "unusual-names-and-values": (UNUSUAL, UNUSUAL_OPTIONS),
+    "unusual-jobset": (
+        UNUSUAL.replace(LONG_NAME, LONG_JOBSET_NAME),
+        dataclasses.replace(UNUSUAL_OPTIONS, jobset=True),
+    ),
 }
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize("case", sorted(SCHEMA_CASES))
 def test_every_object_is_valid_against_the_kubernetes_schema(case: str, version: str) -> None:
+    """Every object, the JobSet too: its own fields against the CRD's, and its Job template as a
+    batch/v1 Job against the Kubernetes schema (``templates_helpers.jobset_errors``)."""
     text, options = SCHEMA_CASES[case]
     objects = load_all(dump(objects_of(text, options)))
-    checked = [o for o in objects if o["kind"] != "JobSet"]  # a CRD: no schema (golden file above)
-    assert checked
-    errors = [e for e in (schema_errors(o, version) for o in checked) if e]
+    assert ("JobSet" in [o["kind"] for o in objects]) == options.jobset
+    errors = [e for o in objects for e in object_errors(o, version)]
     assert not errors, "\n".join(errors)
+
+
+def test_unusual_names_and_values_reach_the_objects_unchanged() -> None:
+    objects = load_all(dump(objects_of(UNUSUAL, UNUSUAL_OPTIONS)))
+    job = by_kind(objects, "Job")
+    assert len(LONG_NAME) == 60 and len(LONG_NAMESPACE) == 63
+    assert job["metadata"]["name"] == LONG_NAME
+    assert {o["metadata"]["namespace"] for o in objects} == {LONG_NAMESPACE}
+    # The longest pod name, <name>-15, is exactly a DNS label's 63 characters.
+    assert len(f"{LONG_NAME}-{job['spec']['completions'] - 1}") == 63
+    [trainer] = job["spec"]["template"]["spec"]["containers"]
+    assert trainer["image"] == UNUSUAL_OPTIONS.image
+    assert by_kind(objects, "ConfigMap")["data"]["policy.toml"] == UNUSUAL
+    assert policy_of(UNUSUAL).job.args == UNUSUAL_ARGS
+    assert {e["name"]: e.get("value") for e in trainer["env"]}["NOTE"] == UNUSUAL_OPTIONS.env["NOTE"]
+    mounts = {m["name"]: m["mountPath"] for m in trainer["volumeMounts"]}
+    assert mounts["checkpoints"] == "/mnt/ckpt: v2/#run 'x'"
+
+
+def test_jobset_check_catches_a_broken_object() -> None:
+    """The JobSet check is real, for its own fields and for the Job template inside it."""
+    text, options = SCHEMA_CASES["jobset"]
+    jobset = by_kind(objects_of(text, options), "JobSet")
+    for version in KUBERNETES_VERSIONS:
+        assert object_errors(jobset, version) == []
+    broken = copy.deepcopy(jobset)
+    del broken["spec"]["replicatedJobs"][0]["name"]
+    assert any("'name' is a required property" in e for e in object_errors(broken, OLDEST))
+    broken = copy.deepcopy(jobset)
+    broken["spec"]["failurePolicy"]["rules"][0]["action"] = "Retry"
+    assert object_errors(broken, OLDEST)
+    broken = copy.deepcopy(jobset)
+    broken["apiVersion"] = "jobset.x-k8s.io/v1"
+    assert object_errors(broken, OLDEST)
+    broken = copy.deepcopy(jobset)
+    broken["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["restartPolicyy"] = "Never"
+    for version in KUBERNETES_VERSIONS:
+        assert any("replicated job workers" in e for e in object_errors(broken, version))
 
 
 def test_schema_versions() -> None:

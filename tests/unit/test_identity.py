@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from nvtrain.config.schema import Policy
 from nvtrain.errors import ExitCode, UsageError
+from nvtrain.launcher.dns import pod_name
 from nvtrain.launcher.identity import Identity, identify, new_run_id
 
 
@@ -153,9 +154,34 @@ def test_standalone_never_publishes_an_address() -> None:
 
 def test_multinode_address_from_pod_ip() -> None:
     assert ident({**RUN, "JOB_COMPLETION_INDEX": "1", "POD_IP": " 10.1.2.3 "}).address == "10.1.2.3"
-    assert ident({**RUN, "JOB_COMPLETION_INDEX": "1"}).address is None
     found = ident({**RUN, "JOB_COMPLETION_INDEX": "1", "POD_IP": "10.1.2.3"})
     assert (found.standalone, found.hostname) == (False, "somewhere")
+
+
+@pytest.mark.parametrize("pod_ip", [None, "", "  "])
+def test_multinode_address_without_pod_ip_is_the_pods_own_stable_name(pod_ip: str | None) -> None:
+    # Without POD_IP, NVRx would publish socket.getfqdn(), in a pod without `subdomain` a bare
+    # hostname the peers cannot resolve. The pod's own headless-Service name resolves wherever
+    # pod 0's name does (same naming function), so that is what the pod publishes.
+    env = {**RUN, "JOB_COMPLETION_INDEX": "2"} | ({"POD_IP": pod_ip} if pod_ip is not None else {})
+    found = ident(env, hostname="llm-train-2")
+    assert found.address == "llm-train-2.llm-train.default.svc.cluster.local"
+    assert found.address == pod_name(policy(), 2)
+
+
+def test_own_name_follows_the_policys_service_namespace_and_domain() -> None:
+    custom = Policy.model_validate(
+        {
+            "job": {"name": "llm-train", "script": "train.py"},
+            "rendezvous": {"nodes": 3, "service": "svc-a", "namespace": "ml", "cluster_domain": "c.example"},
+        }
+    )
+    found = identify(custom, {**RUN, "NVTRAIN_NODE_RANK": "0"}, hostname="elsewhere")
+    assert found.address == "llm-train-0.svc-a.ml.svc.c.example"
+
+
+def test_standalone_without_pod_ip_publishes_nothing() -> None:
+    assert identify(policy(nodes=1), {}, hostname="laptop").address is None
 
 
 @pytest.mark.parametrize(

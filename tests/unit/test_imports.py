@@ -14,6 +14,7 @@ import nvtrain
 
 SRC = Path(nvtrain.__file__).resolve().parent
 INVALID = Path(__file__).resolve().parent.parent / "policies" / "invalid" / "many_problems.toml"
+EVENTS_LOG = Path(__file__).resolve().parent.parent / "tuning" / "data" / "cpu-demo-events.jsonl"
 HEAVY = ("torch", "nvidia_resiliency_ext")
 
 
@@ -45,12 +46,13 @@ def test_validate_and_help_do_not_import_torch_or_nvrx() -> None:
             runner.invoke(app, ["--help"]).exit_code,
             runner.invoke(app, ["validate", "--help"]).exit_code,
             runner.invoke(app, ["schema"]).exit_code,
+            runner.invoke(app, ["validate", "--nvrx", "0.4.1", "--timings", {str(EVENTS_LOG)!r}]).exit_code,
         ]
         heavy = sorted(m for m in sys.modules if m.split(".")[0] in {HEAVY!r})
         print(json.dumps({{"codes": codes, "heavy": heavy}}))
         """
     )
-    assert report == {"codes": [0, 0, 2, 2, 0, 0, 0], "heavy": []}
+    assert report == {"codes": [0, 0, 2, 2, 0, 0, 0, 0], "heavy": []}
 
 
 def test_library_does_not_import_the_cli_stack() -> None:

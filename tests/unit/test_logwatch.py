@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nvtrain.launcher.logwatch import parse_line, signal_name
+from nvtrain.launcher.logwatch import RENDEZVOUS_TIMEOUT, parse_line, signal_name
 
 # A worker SIGKILLed by itself (or by its rank monitor after a missed heartbeat).
 SIGKILLED = (
@@ -99,10 +99,40 @@ def test_rendezvous_joined() -> None:
     assert parse_line(JOINED) == ("rendezvous_done", {"round": 1, "group_rank": 0, "nodes": 1})
 
 
+# A 2-node job whose second node never came: NVRx 0.4.1, [rendezvous] join_timeout = "5s".
+RENDEZVOUS_TIMED_OUT = (
+    "[2026-12-01 14:41:57,243] [ERROR] [ft_launcher13764@vm] Agent run ended with exception, "
+    "e=RendezvousTimeoutError(). Agent's exit code = 1"
+)
+
+
 def test_agent_error() -> None:
     parsed = parse_line(AGENT_ERROR)
     assert parsed is not None and parsed[0] == "launcher_error"
     assert parsed[1]["message"].startswith("e=RendezvousConnectionError('The connection to the C10d store")
+    assert parsed[1]["error"] == "RendezvousConnectionError"
+
+
+def test_rendezvous_timeout_is_told_apart() -> None:
+    assert parse_line(RENDEZVOUS_TIMED_OUT) == (
+        "launcher_error",
+        {"message": "e=RendezvousTimeoutError()", "error": RENDEZVOUS_TIMEOUT},
+    )
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        ("e=RendezvousTimeoutError('waited 900s')", "RendezvousTimeoutError"),
+        ("e=torch.distributed.DistStoreError('timeout')", "DistStoreError"),
+        ("e=ValueError()", "ValueError"),
+        ("something else entirely", None),
+    ],
+)
+def test_agent_error_class(message: str, error: str | None) -> None:
+    line = f"[x] [ERROR] [ft_launcher1@vm] Agent run ended with exception, {message}. Agent's exit code = 1"
+    parsed = parse_line(line)
+    assert parsed is not None and parsed[1]["error"] == error
 
 
 HANG = (

@@ -7,7 +7,7 @@ from importlib import metadata
 import pytest
 
 from nvtrain.config import validate_source
-from nvtrain.nvrx import TESTED, NvrxVersion, installed_nvrx
+from nvtrain.nvrx import NO_RESTART_EXIT_CODE, TESTED, NvrxVersion, installed_nvrx
 
 
 @pytest.mark.parametrize(
@@ -77,6 +77,23 @@ def test_properties(
     assert v.supports_min_healthy is min_healthy
     assert v.inprocess_deprecated is inprocess_deprecated
     assert v.has_no_restart_exit_code is no_restart_exit_code
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "no_restart"),
+    [
+        ("0.7.0", 93, True),
+        ("0.8.1", 93, True),
+        ("0.7.0", 1, False),
+        ("0.7.0", 0, False),
+        ("0.7.0", -93, False),
+        ("0.6.0", 93, False),  # before 0.7, 93 is just a number
+        ("0.4.1", 93, False),
+    ],
+)
+def test_no_restart_exit(text: str, code: int, no_restart: bool) -> None:
+    assert NO_RESTART_EXIT_CODE == 93
+    assert NvrxVersion.parse(text).is_no_restart_exit(code) is no_restart
 
 
 def test_tested_lines() -> None:

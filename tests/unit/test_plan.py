@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 from nvtrain.config.schema import Policy
-from nvtrain.launcher.identity import Identity
+from nvtrain.launcher.dns import pod_name
+from nvtrain.launcher.identity import Identity, identify
 from nvtrain.launcher.plan import LAUNCHER_MODULE, LaunchPlan, build_plan
 from nvtrain.nvrx import NvrxVersion
 
@@ -290,6 +291,19 @@ def test_local_addr_only_when_the_address_is_known() -> None:
     assert not any(a.startswith("--local-addr") for a in plan.argv)
     plan = plan_for(multinode_policy(), node_identity(1, address="fd00::7"), V041)
     assert "--local-addr=fd00::7" in plan.argv
+
+
+@pytest.mark.parametrize("nvrx", [V041, V060, V070])
+def test_a_pod_without_pod_ip_publishes_its_own_stable_name(nvrx: NvrxVersion) -> None:
+    # What a pod without the downward API's POD_IP gets from identify(): its own headless-
+    # Service name, resolvable by the peers like pod 0's name (the rendezvous endpoint).
+    policy = multinode_policy()
+    env = {"JOB_COMPLETION_INDEX": "2", "NVTRAIN_RUN_ID": RUN_ID}
+    plan = plan_for(policy, identify(policy, env, hostname="llm-train-2"), nvrx)
+    own, pod0 = pod_name(policy, 2), pod_name(policy, 0)
+    assert f"--local-addr={own}" in plan.argv
+    assert plan.endpoint == f"{pod0}:{policy.rendezvous.port}"
+    assert own.split(".", 1)[1] == pod0.split(".", 1)[1]  # same Service, namespace and domain
 
 
 @pytest.mark.parametrize(

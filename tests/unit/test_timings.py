@@ -250,6 +250,60 @@ def test_timeout_below_one_and_a_half_times_the_step_is_a_warning(tmp_path: Path
     assert check(tmp_path, 'step = "40s"\n') == []
 
 
+def test_an_evaluation_between_steps_is_part_of_the_longest_gap(tmp_path: Path) -> None:
+    """A median step then the longest evaluation pass, with no heartbeat in between, is a gap
+    that both the heartbeat timeout and the soft timeout must outlast."""
+    timings = 'step = { median = "10s", max = "20s" }\neval = { median = "30s", max = "50s" }\n'
+    assert check(tmp_path, timings) == [
+        (
+            "error",
+            "timeout-measured",
+            "[restart.in_process] soft_timeout",
+            13,
+            '"1m"',
+            "is not longer than the longest measured step plus evaluation (1m: median step 10s + "
+            "longest eval 50s): healthy workers would be taken for hung",
+            'raise it to at least "1m30s"',
+        ),
+    ]
+    assert check(tmp_path, timings, timeout="80s", in_process="false") == [
+        (
+            "warning",
+            "timeout-margin",
+            "[heartbeat] timeout",
+            9,
+            '"1m20s"',
+            "leaves less than 1.5x margin over the longest measured step plus evaluation (1m: median "
+            "step 10s + longest eval 50s)",
+            'raise it to at least "1m30s"',
+        ),
+    ]
+    # Without the evaluation, the same step leaves the timeouts comfortable.
+    assert check(tmp_path, 'step = { median = "10s", max = "20s" }\n') == []
+
+
+def test_a_step_longer_than_step_plus_evaluation_is_named_as_the_step(tmp_path: Path) -> None:
+    findings = check(tmp_path, 'step = { median = "1s", max = "50s" }\neval = "10s"\n')
+    assert [(f[1], f[2], f[5]) for f in findings] == [
+        (
+            "timeout-margin",
+            "[restart.in_process] soft_timeout",
+            "leaves less than 1.5x margin over the longest measured step (50s)",
+        ),
+    ]
+
+
+def test_an_evaluation_without_step_timings_is_checked_alone(tmp_path: Path) -> None:
+    findings = check(tmp_path, 'eval = "50s"\n', in_process="false", timeout="1m")
+    assert [(f[1], f[2], f[5]) for f in findings] == [
+        (
+            "timeout-margin",
+            "[heartbeat] timeout",
+            "leaves less than 1.5x margin over the longest measured evaluation (50s)",
+        ),
+    ]
+
+
 def test_soft_timeout_is_not_checked_when_in_process_restart_is_off(tmp_path: Path) -> None:
     assert check(tmp_path, 'step = "50s"\n', in_process="false") == []
 
@@ -325,3 +379,111 @@ def test_findings_of_the_timings_file_come_with_its_name(tmp_path: Path) -> None
     ]
     assert result.policy is not None
     assert not result.ok
+
+
+# ---------------------------------------------------------------------------------------------
+# validate --timings with a run's events log
+
+DEMO_LOG = Path(__file__).resolve().parents[1] / "tuning" / "data" / "cpu-demo-events.jsonl"
+
+
+def events_log(path: Path, step_times: list[float]) -> Path:
+    """An events log with one `step` event per time (what the worker library writes)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [
+        json.dumps({"ts": 1000.0 + i, "event": "step", "step": i + 1, "step_s": s, "pid": 7, "rank": 0})
+        for i, s in enumerate(step_times)
+    ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def findings_with(timings_path: Path, *, with_fix: bool = False, **policy: str) -> list[tuple[object, ...]]:
+    values = {
+        "initial": "20m",
+        "timeout": "5m",
+        "soft": "1m",
+        "hard": "2m",
+        "in_process": "true",
+        "async_": "true",
+        "interval": "100",
+        "stop": "1h",
+    }
+    result = validate_source(
+        POLICY.format(**{**values, **policy}), "p.toml", nvrx=NVRX, timings_path=timings_path
+    )
+    return [
+        (f.severity, f.code, f.where, f.file, f.rule, *([f.fix] if with_fix else [])) for f in result.findings
+    ]
+
+
+@pytest.mark.parametrize("as_directory", [True, False])
+def test_timings_measured_from_an_events_log(tmp_path: Path, as_directory: bool) -> None:
+    log = events_log(tmp_path / "run" / "events.jsonl", [10.0] * 19 + [50.0])
+    # the run directory, or the log itself
+    assert findings_with(log.parent if as_directory else log) == [
+        (
+            "warning",
+            "timeout-margin",
+            "[restart.in_process] soft_timeout",
+            "p.toml",
+            "leaves less than 1.5x margin over the longest measured step (50s)",
+        ),
+    ]
+
+
+def test_timings_from_the_demo_runs_events_log(tmp_path: Path) -> None:
+    run = tmp_path / "demo3"
+    run.mkdir()
+    (run / "events.jsonl").write_bytes(DEMO_LOG.read_bytes())
+    # Its steps take ~0.1 s, its restore ~1 s, its writes ~0.15 s: all comfortable here ...
+    assert findings_with(run) == []
+    # ... and a heartbeat timeout under 1.5x its longest step (0.133 s) is not.
+    findings = findings_with(DEMO_LOG, timeout="150ms", soft="50ms", hard="100ms", initial="1h")
+    assert [f for f in findings if f[1].startswith("timeout")] == [
+        (
+            "warning",
+            "timeout-margin",
+            "[heartbeat] timeout",
+            "p.toml",
+            "leaves less than 1.5x margin over the longest measured step (133.216ms)",
+        ),
+        (
+            "error",
+            "timeout-measured",
+            "[restart.in_process] soft_timeout",
+            "p.toml",
+            "is not longer than the longest measured step (133.216ms): healthy workers would be "
+            "taken for hung",
+        ),
+    ]
+
+
+def test_events_logs_that_cannot_be_used(tmp_path: Path) -> None:
+    fix = (
+        "give a run directory (<checkpoint dir>/<run id>) or the events.jsonl that `nvtrain run` wrote in it"
+    )
+    empty_dir = tmp_path / "empty-run"
+    empty_dir.mkdir()
+    missing = tmp_path / "missing.jsonl"
+    blank = write(tmp_path, "blank.jsonl", "not json\n")
+    for path, rule in (
+        (empty_dir, "has no events.jsonl"),
+        (missing, "file not found"),
+        (blank, "holds no events"),
+    ):
+        assert findings_with(path, with_fix=True) == [
+            ("error", "unreadable", "(top level)", str(path), rule, fix)
+        ]
+    no_steps = write(tmp_path, "nosteps.jsonl", json.dumps({"ts": 1.0, "event": "launcher_start"}) + "\n")
+    assert findings_with(no_steps, with_fix=True) == [
+        (
+            "warning",
+            "timings-no-steps",
+            "(top level)",
+            str(no_steps),
+            "has no step timings (`step` events with a `step_s`), so the heartbeat and soft timeouts were "
+            "not checked against it",
+            "give the events log of a run that completed steps, or a timings file with `step`",
+        )
+    ]

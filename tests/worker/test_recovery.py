@@ -19,13 +19,17 @@ from worker_helpers import RunResult, free_port_pair, run_nvtrain, write_policy
 # it up pays for it, hence the longer timeout.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
-STEPS = 60
+STEPS = 72
 FAULTS = [
     # in-process restart, just after the save of step 15 started: that save is settled and kept
     {"step": 15, "rank": 1, "kind": "exception"},
     {"step": 24, "rank": 0, "kind": "hang"},  # soft timeout -> in-process restart
     {"step": 36, "rank": 1, "kind": "sigkill"},  # ft_launcher restarts the workers
     {"step": 48, "rank": 0, "kind": "oom"},  # exit 137 -> ft_launcher restarts the workers
+    # blocked in a gloo receive: both ranks' collectives time out -> in-process restart
+    {"step": 57, "rank": 1, "kind": "collective_hang"},
+    # the worker's SIGTERM handler settles the save of step 65, exits 143 -> ft_launcher
+    {"step": 66, "rank": 0, "kind": "sigterm"},
 ]
 RUN_TIMEOUT = 190.0
 
@@ -160,6 +164,19 @@ def test_soft_fault_is_recovered_in_process(runs: dict[str, RunResult], kind: st
         if e["event"] == "checkpoint_restored" and e["pid"] == fault["pid"] and e["ts"] > fault["ts"]
     ]
     assert resumed, f"no restore after the {kind} fault"
+    assert all(e["bytes"] > 0 for e in resumed), resumed  # the restored state's size is logged
+    # The restart names its cause: the failing rank's own fault
+    begun = [
+        e
+        for e in events
+        if e["event"] == "restart_begin" and e.get("layer") == "in_process" and e["ts"] > fault["ts"]
+    ][:2]
+    causes = {e["rank"]: e.get("cause") for e in begun}
+    own = "exception (InjectedFault)" if kind == "exception" else "soft timeout"
+    assert causes.get(fault["rank"]) == own, begun
+    # The peer restarts because of it: told by NVRx ("peer ..."), or its gloo collective with
+    # the failing rank failed first (its own exception).
+    assert str(causes.get(1 - fault["rank"])).startswith(("peer ", "exception (RuntimeError)")), begun
     if kind == "exception":
         # The fault fired right after the save of its step started: every rank let that save
         # finish before the abort, so the restart resumed from it rather than from step 10.
@@ -179,7 +196,9 @@ def test_soft_fault_is_recovered_in_process(runs: dict[str, RunResult], kind: st
         assert sorted((e["rank"], e["step"]) for e in last) == [(0, 24), (1, 24)], last
 
 
-@pytest.mark.parametrize(("kind", "signal", "exit_code"), [("sigkill", "SIGKILL", -9), ("oom", None, 137)])
+@pytest.mark.parametrize(
+    ("kind", "signal", "exit_code"), [("sigkill", "SIGKILL", -9), ("oom", None, 137), ("sigterm", None, 143)]
+)
 def test_hard_fault_is_recovered_by_an_in_job_restart(
     runs: dict[str, RunResult], kind: str, signal: str | None, exit_code: int
 ) -> None:
@@ -214,3 +233,27 @@ def test_hard_fault_is_recovered_by_an_in_job_restart(
         if e["event"] == "checkpoint_restored" and e["rank"] == fault["rank"] and e["ts"] > failed[0]["ts"]
     ]
     assert later and later[0]["pid"] != fault["pid"] and later[0]["step"] < fault["step"], later
+
+
+def test_collective_hang_is_recovered_in_process_by_both_ranks(runs: dict[str, RunResult]) -> None:
+    """A rank blocked in a receive no peer matches: gloo cannot abort it, so both ranks'
+    collectives time out (``collective_timeout``) and both restart in process; no process dies."""
+    faulty = _ok(runs["faulty"])
+    fault = _fault_event(faulty, "collective_hang")
+    later = [e["ts"] for e in _faults_fired(faulty) if e["ts"] > fault["ts"]]
+    until = min(later, default=float("inf"))
+    window = [e for e in faulty.events if fault["ts"] < e["ts"] < until]
+    restarted = sorted(
+        e["rank"] for e in window if e["event"] == "restart_end" and e.get("layer") == "in_process"
+    )
+    assert restarted == [0, 1], [(e["event"], e.get("rank"), e.get("layer")) for e in window]
+    assert [e for e in window if e["event"] == "worker_failed"] == []
+
+
+def test_sigterm_settles_the_save_in_flight_before_the_worker_exits(runs: dict[str, RunResult]) -> None:
+    """ft_launcher's stop of the healthy worker is not the pod's stop: the worker logs
+    worker_stopped after waiting (at most the soft-fault limit) for its save in flight."""
+    faulty = _ok(runs["faulty"])
+    fault = _fault_event(faulty, "sigterm")
+    stopped = [e for e in faulty.events if e["event"] == "worker_stopped" and e["pid"] == fault["pid"]]
+    assert [(e["rank"], e["signal"]) for e in stopped] == [(fault["rank"], "SIGTERM")], stopped

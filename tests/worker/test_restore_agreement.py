@@ -19,7 +19,8 @@ from worker_helpers import BIN, child_env, free_port_pair
 pytestmark = pytest.mark.slow
 
 
-def test_ranks_agree_on_the_restored_step_when_their_listings_differ(tmp_path: Path) -> None:
+def _two_ranks(tmp_path: Path, script: str, *extra: list[str]) -> list[str]:
+    """Run ``script RUN_DIR rank<N>.json [extra[N]...]`` as ranks 0 and 1; their outputs."""
     port = free_port_pair()
     procs = []
     for rank in (0, 1):
@@ -27,10 +28,10 @@ def test_ranks_agree_on_the_restored_step_when_their_listings_differ(tmp_path: P
         env["MASTER_PORT"] = str(port)
         argv = [
             sys.executable,
-            str(BIN / "two_rank_restore.py"),
+            str(BIN / script),
             str(tmp_path / "run"),
             str(tmp_path / f"rank{rank}.json"),
-            "20" if rank == 1 else "0",
+            *[e[rank] for e in extra],
         ]
         procs.append(
             subprocess.Popen(
@@ -54,7 +55,24 @@ def test_ranks_agree_on_the_restored_step_when_their_listings_differ(tmp_path: P
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.communicate()
     assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    return outputs
+
+
+def test_ranks_agree_on_the_restored_step_when_their_listings_differ(tmp_path: Path) -> None:
+    _two_ranks(tmp_path, "two_rank_restore.py", ["0", "20"])
     steps = [json.loads((tmp_path / f"rank{r}.json").read_text())["steps"] for r in (0, 1)]
     first, second = [s[0] for s in steps], [s[1] for s in steps]
     assert first == [20, 20]  # both listings complete: both restore step 20
     assert second[0] == second[1], f"rank 0 restored step {second[0]}, rank 1 step {second[1]}"
+
+
+def test_ddp_restore_is_bitwise_and_a_damaged_shard_falls_back_on_every_rank(tmp_path: Path) -> None:
+    """A DDP model (not FSDP): save and restore bitwise; then one byte of rank 1's shard of
+    the newest checkpoint is flipped: both ranks report it and restore the one before."""
+    _two_ranks(tmp_path, "two_rank_ddp_corrupt.py")
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for result in results:
+        assert result["restored"] == [{"step": 20, "same": True}, {"step": 10, "same": True}], result
+    corrupt = results[1]["corrupt"]
+    assert {e["step"] for e in corrupt} == {20}, corrupt
+    assert sorted({e["rank"] for e in corrupt}) == [0, 1], corrupt  # reported on every rank

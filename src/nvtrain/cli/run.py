@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from nvtrain.cli._errors import exit_on_error
+from nvtrain.errors import signal_exit_code
 
 
 @exit_on_error
@@ -51,5 +53,5 @@ def command(
     try:
         outcome = supervise(plan, loaded, identity, paths, report=_console.event_reporter())
     except KeyboardInterrupt:
-        raise typer.Exit(130) from None
+        raise typer.Exit(signal_exit_code(signal.SIGINT)) from None
     raise typer.Exit(outcome.exit_code)

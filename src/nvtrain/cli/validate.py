@@ -21,7 +21,18 @@ def command(
     timings: Annotated[
         Path | None,
         typer.Option(
-            "--timings", metavar="FILE", help="Measured timings (TOML/JSON) to check the timeouts against."
+            "--timings",
+            metavar="FILE",
+            help="Measured timings to check the timeouts against: a TOML/JSON timings file, or a run "
+            "directory or its events.jsonl to measure them from.",
+        ),
+    ] = None,
+    manifest: Annotated[
+        Path | None,
+        typer.Option(
+            "--manifest",
+            metavar="FILE",
+            help="Rendered manifest (YAML) to check against the policy and the timings.",
         ),
     ] = None,
     nvrx: Annotated[
@@ -49,6 +60,10 @@ def command(
                 f"--nvrx {nvrx!r} is not a version", "give a version such as 0.4.1 or 0.7.0"
             ) from None
     result = validate_file(policy, nvrx=version, timings_path=timings)
+    if manifest is not None:
+        from nvtrain.templates.manifest_checks import with_manifest
+
+        result = with_manifest(result, manifest, policy, timings)
     code = ExitCode.OK
     if result.errors or result.policy is None:
         code = ExitCode.USAGE

@@ -472,10 +472,33 @@ def _nvrx_rules(p: Policy, v: NvrxVersion) -> Iterator[Finding]:
         )
 
 
+def _longest_gap(t: Timings) -> tuple[float, str] | None:
+    """The longest gap between two heartbeats of healthy workers, and what it is, in words: the
+    longest step, or, when the loop runs an evaluation between steps, a median step and the
+    longest evaluation after it, whichever is longer. None without ``step`` and ``eval``."""
+    gaps: list[tuple[float, str]] = []
+    if t.step is not None:
+        gaps.append((t.step.worst, f"the longest measured step ({_d(t.step.worst)})"))
+    if t.eval is not None:
+        if t.step is None:
+            gaps.append((t.eval.worst, f"the longest measured evaluation ({_d(t.eval.worst)})"))
+        else:
+            gap = t.step.median + t.eval.worst
+            gaps.append(
+                (
+                    gap,
+                    f"the longest measured step plus evaluation ({_d(gap)}: median step "
+                    f"{_d(t.step.median)} + longest eval {_d(t.eval.worst)})",
+                )
+            )
+    return max(gaps, key=lambda g: g[0]) if gaps else None
+
+
 def _timing_rules(p: Policy, t: Timings) -> Iterator[Finding]:
     hb = p.heartbeat
-    if t.step is not None:
-        gap = t.step.worst
+    longest = _longest_gap(t)
+    if longest is not None:
+        gap, what = longest
         for table, key, limit in (
             ("heartbeat", "timeout", hb.timeout),
             (
@@ -493,8 +516,7 @@ def _timing_rules(p: Policy, t: Timings) -> Iterator[Finding]:
                     table,
                     key,
                     limit,
-                    f"is not longer than the longest measured step ({_d(gap)}): "
-                    "healthy workers would be taken for hung",
+                    f"is not longer than {what}: healthy workers would be taken for hung",
                     f'raise it to at least "{_d(gap * MARGIN)}"',
                 )
             elif limit < gap * MARGIN:
@@ -504,7 +526,7 @@ def _timing_rules(p: Policy, t: Timings) -> Iterator[Finding]:
                     table,
                     key,
                     limit,
-                    f"leaves less than {MARGIN}x margin over the longest measured step ({_d(gap)})",
+                    f"leaves less than {MARGIN}x margin over {what}",
                     f'raise it to at least "{_d(gap * MARGIN)}"',
                 )
     startup = sum(m.worst for m in (t.restore, t.step) if m is not None)

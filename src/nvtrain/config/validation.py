@@ -10,7 +10,7 @@ import copy
 import dataclasses
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
@@ -23,7 +23,18 @@ from nvtrain.errors import ConfigError
 from nvtrain.nvrx import NvrxVersion, installed_nvrx
 from nvtrain.templates import DEMO_POLICY_SOURCE, demo_policy_text
 
-__all__ = ["Setting", "Validation", "effective_settings", "load_policy", "validate_file", "validate_source"]
+if TYPE_CHECKING:
+    from nvtrain.tuning.timings import Timings
+
+__all__ = [
+    "Setting",
+    "Validation",
+    "effective_settings",
+    "load_policy",
+    "read_timings_or_log",
+    "validate_file",
+    "validate_source",
+]
 
 NvrxChoice = NvrxVersion | Literal["installed"] | None
 
@@ -96,11 +107,8 @@ def validate_source(
         version = nvrx
     timings = None
     if timings_path is not None:
-        from nvtrain.tuning.timings import read_timings
-
-        measured = read_timings(timings_path)
-        findings.extend(measured.findings)
-        timings = measured.model
+        timings, problems = read_timings_or_log(timings_path)
+        findings.extend(problems)
     model = parsed.model if parsed.model is not None else _salvage(parsed.data, parsed.findings)
     if model is not None:
         bad = {(f.table, f.key) for f in parsed.findings}
@@ -159,6 +167,53 @@ class Setting:
     key: str
     value: str
     from_file: bool
+
+
+def read_timings_or_log(path: Path) -> tuple[Timings | None, list[Finding]]:
+    """The timings that ``--timings PATH`` names, and the findings of reading them; never raises.
+
+    PATH is a timings file (TOML, or JSON when it ends in ``.json``), or a run's events log: a
+    run directory (``<checkpoint dir>/<run id>``, its ``events.jsonl`` is read) or a ``.jsonl``
+    file, from which the timings are measured as ``nvtrain tune-interval --from-run`` does.
+    """
+    if not (path.is_dir() or path.suffix == ".jsonl"):
+        from nvtrain.tuning.timings import read_timings
+
+        parsed = read_timings(path)
+        return parsed.model, parsed.findings
+
+    from nvtrain.events import read_events
+    from nvtrain.tuning.measured import EVENTS_FILE, measure_events
+
+    target = path / EVENTS_FILE if path.is_dir() else path
+    fix = (
+        f"give a run directory (<checkpoint dir>/<run id>) or the {EVENTS_FILE} that "
+        "`nvtrain run` wrote in it"
+    )
+    try:
+        events = read_events(target)
+    except FileNotFoundError:
+        rule = f"has no {EVENTS_FILE}" if path.is_dir() else "file not found"
+        return None, [Finding("error", "unreadable", "", None, rule, fix, file=str(path))]
+    except OSError as exc:
+        rule = f"cannot be read ({exc.strerror or exc})"
+        return None, [Finding("error", "unreadable", "", None, rule, fix, file=str(target))]
+    if not events:
+        return None, [Finding("error", "unreadable", "", None, "holds no events", fix, file=str(target))]
+    timings = measure_events(events, str(target)).timings
+    if timings.step is not None:
+        return timings, []
+    no_steps = Finding(
+        "warning",
+        "timings-no-steps",
+        "",
+        None,
+        "has no step timings (`step` events with a `step_s`), so the heartbeat and soft timeouts "
+        "were not checked against it",
+        "give the events log of a run that completed steps, or a timings file with `step`",
+        file=str(target),
+    )
+    return timings, [no_steps]
 
 
 def effective_settings(policy: Policy, data: dict[str, Any]) -> list[Setting]:

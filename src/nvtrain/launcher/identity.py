@@ -17,6 +17,7 @@ from pathlib import Path
 
 from nvtrain.config.schema import Policy
 from nvtrain.errors import UsageError
+from nvtrain.launcher.dns import pod_name
 
 __all__ = ["Identity", "identify", "new_run_id"]
 
@@ -30,7 +31,8 @@ class Identity:
     standalone: bool
     """True for a one-node job: localhost, no DNS."""
     address: str | None
-    """Address this node publishes to its peers (``--local-addr``); None: let NVRx choose."""
+    """Address this node publishes to its peers (``--local-addr``): ``POD_IP``, else this pod's
+    own stable DNS name; None when standalone (NVRx uses localhost)."""
     hostname: str
     run_id: str
     has_gpu: bool
@@ -96,11 +98,17 @@ def identify(
             f"run id {rid!r} is not usable as a directory and rendezvous name",
             "use letters, digits, '.', '_' and '-' (at most 128)",
         )
-    address = env.get("POD_IP", "").strip() or None
+    address = None
+    if not standalone:
+        # Without POD_IP, NVRx would publish socket.getfqdn(): in a pod without `subdomain`
+        # that is the bare hostname, which the peers cannot resolve. This pod's stable name is
+        # resolvable wherever pod 0's name is (the same headless Service), and follows the pod
+        # to a new IP when it is replaced.
+        address = env.get("POD_IP", "").strip() or pod_name(policy, rank)
     return Identity(
         node_rank=rank,
         standalone=standalone,
-        address=None if standalone else address,
+        address=address,
         hostname=host,
         run_id=rid,
         has_gpu=Path("/dev/nvidia0").exists()

@@ -6,7 +6,11 @@ import re
 import signal
 from typing import Any
 
-__all__ = ["parse_line", "signal_name"]
+__all__ = ["RENDEZVOUS_TIMEOUT", "parse_line", "signal_name"]
+
+RENDEZVOUS_TIMEOUT = "RendezvousTimeoutError"
+"""The exception ft_launcher ends with when the rendezvous did not gather its nodes within
+``join_timeout`` (``error`` of a ``launcher_error`` event)."""
 
 _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 # 0.4 says UNHEALTHY, 0.6/0.7 say FAILED.
@@ -17,6 +21,8 @@ _RESTART = re.compile(
 # The rank monitor (one per local rank) names its rank after the host: "RankMonServer<pid>@host:<r>"
 _HANG = re.compile(r"RankMonServer\d+@[^:\]]*:(\d+)\].*Did not get (initial|subsequent) heartbeat")
 _AGENT_ERROR = re.compile(r"Agent run ended with exception,? (.*?)\.? Agent's exit code")
+# The message is NVRx's f"{e=}": "e=RendezvousTimeoutError()", "e=RendezvousConnectionError('...')"
+_ERROR_CLASS = re.compile(r"^e=(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*)\(")
 # 0.4: "joined round N of the rendezvous ..."; 0.6/0.7: "joined the rendezvous ..." (no round)
 _JOINED = re.compile(
     r"joined (?:round (\d+) of )?the rendezvous '([^']*)' as rank (\d+) in a world of size (\d+)"
@@ -53,7 +59,9 @@ def parse_line(line: str) -> tuple[str, dict[str, Any]] | None:
         return "hang_detected", {"local_rank": int(match.group(1)), "heartbeat": match.group(2)}
     match = _AGENT_ERROR.search(line)
     if match:
-        return "launcher_error", {"message": match.group(1)[:500]}
+        message = match.group(1)
+        kind = _ERROR_CLASS.match(message)
+        return "launcher_error", {"message": message[:500], "error": kind.group(1) if kind else None}
     match = _JOINED.search(line)
     if match:
         return "rendezvous_done", {

@@ -4,7 +4,8 @@ The loop reads top to bottom: plan -> wait for pod 0's name -> start ft_launcher
 its own -> echo and watch its log -> on a signal, forward SIGTERM and allow ``stop_timeout`` ->
 on exit, kill every leftover descendant and say why the run ended. A node that does not host the
 rendezvous store starts ft_launcher again (re-resolving pod 0's name) when its launcher ends with
-an error rather than a spent budget: that is how the job outlives a replaced pod 0.
+an error rather than a spent budget: that is how the job outlives a replaced pod 0. A rendezvous
+that did not gather its nodes within ``join_timeout`` is not retried here: it ends with exit 3.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from nvtrain.config.schema import Policy
-from nvtrain.errors import ExitCode, NvtrainError, UsageError, signal_exit_code
+from nvtrain.errors import NvtrainError, UsageError
 from nvtrain.events import EventLog, EventTail
 from nvtrain.launcher.dns import wait_until_resolvable
 from nvtrain.launcher.identity import Identity
-from nvtrain.launcher.logwatch import parse_line
+from nvtrain.launcher.logwatch import RENDEZVOUS_TIMEOUT, parse_line
+from nvtrain.launcher.outcome import Outcome, decide, seconds, write_termination_log
 from nvtrain.launcher.plan import LaunchPlan, build_plan
 from nvtrain.launcher.process import Child, become_subreaper, kill_all
 from nvtrain.nvrx import NvrxVersion, installed_nvrx
@@ -38,7 +40,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Outcome", "Reporter", "RunPaths", "prepare", "supervise", "write_state"]
 
-TERMINATION_LOG = Path("/dev/termination-log")
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _SHOWN = {
     "fault_injected",
@@ -55,14 +56,6 @@ _MAX_TMPDIR = 60
 
 Reporter = Callable[[str, dict[str, Any]], None]
 """Called with (event, fields) for everything the supervisor records; the CLI renders it."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    """How the run ended on this node."""
-
-    exit_code: int
-    cause: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,18 +122,32 @@ def write_state(policy: Policy, paths: RunPaths) -> None:
 class _Watch:
     """What ft_launcher's log, the workers' events and the signals told us so far."""
 
-    def __init__(self, policy: Policy, events: EventLog, report: Reporter) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        events: EventLog,
+        report: Reporter,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.policy = policy
         self.events = events
         self.report = report
+        self.clock = clock
         self.tail = EventTail(events.path)
         self.failures: list[dict[str, Any]] = []
         self.restarts = 0
         self.launcher_error: str | None = None
+        self.rendezvous_timeout = False
+        self.world_nodes: int | None = None
+        """Nodes in the last completed rendezvous round, if one completed."""
+        self.attempt_started = clock()
+        """When the current attempt's workers started (its rendezvous completed)."""
         self.last_step: int | None = None
         self.step_at_failure: int | None = None
         self.stalled = 0
         self.escalated: str | None = None
+        """Why nvtrain stopped the run as a loop without progress (exit 4), once it did."""
         self.hangs: set[int] = set()
         self.same_rank = 0
         self.signum: int | None = None
@@ -168,13 +175,23 @@ class _Watch:
         with self.lock:
             self._progress()
 
+    def launcher_started(self) -> None:
+        """A new ft_launcher starts: its first attempt counts from now until its rendezvous."""
+        with self.lock:
+            self.attempt_started = self.clock()
+            self.launcher_error = None
+            self.rendezvous_timeout = False
+
     def line(self, text: str) -> None:
         parsed = parse_line(text)
         if parsed is None:
             return
         event, fields = parsed
         with self.lock:
-            if event == "worker_failed":
+            if event == "rendezvous_done":
+                self.attempt_started = self.clock()  # the workers start right after it
+                self.world_nodes = fields["nodes"]
+            elif event == "worker_failed":
                 if any(f["worker_pid"] == fields["worker_pid"] for f in self.failures):
                     return
                 self.failures.append(fields)
@@ -185,22 +202,30 @@ class _Watch:
                 self.hangs.add(fields["local_rank"])
             elif event == "launcher_error":
                 self.launcher_error = fields["message"]
+                self.rendezvous_timeout = fields["error"] == RENDEZVOUS_TIMEOUT
             self.emit(event, **fields)
 
     def _check_progress(self, failure: dict[str, Any]) -> None:
         """Escalate when failures repeat without progress: at the same step when the workers
-        report steps (the worker library does), else when the same local rank fails again."""
+        report steps (the worker library does), else when the same local rank fails again in
+        attempts that each ended within ``[heartbeat] initial_timeout`` of their start. An
+        attempt that ran longer got past start-up, which counts as progress: the count of
+        failures in a row starts again."""
         if failure["local_rank"] in self.hangs:
             failure["hang"] = True
-        previous = self.failures[-2] if len(self.failures) > 1 else None
-        same = previous is not None and previous["local_rank"] == failure["local_rank"]
-        self.same_rank = self.same_rank + 1 if same else 1
         step = self._progress()
         if step is None:
+            previous = self.failures[-2] if len(self.failures) > 1 else None
+            same = previous is not None and previous["local_rank"] == failure["local_rank"]
+            ran = self.clock() - self.attempt_started
+            progressed = ran >= self.policy.heartbeat.initial_timeout
+            self.same_rank = self.same_rank + 1 if same and not progressed else 1
             if self.same_rank >= self.policy.restart.escalate_after:
                 self.escalated = (
-                    f"local rank {failure['local_rank']} failed {self.same_rank} times in a row "
-                    "(the workers report no steps, so progress is unknown)"
+                    f"local rank {failure['local_rank']} failed {self.same_rank} times in a row, "
+                    "each time within [heartbeat] initial_timeout = "
+                    f"{seconds(self.policy.heartbeat.initial_timeout)} of its attempt's start "
+                    "(the workers report no steps; an attempt that runs longer counts as progress)"
                 )
             return
         self.stalled = self.stalled + 1 if step == self.step_at_failure else 1
@@ -231,6 +256,7 @@ def supervise(
     raised for the caller to report.
     """
     out = out or sys.stdout
+    nvrx = installed_nvrx()
     write_state(policy, paths)
     metrics = _serve_metrics(policy, identity, paths)
     events = EventLog(paths.events, node=identity.node_rank, run_id=identity.run_id, source="launcher")
@@ -256,12 +282,12 @@ def supervise(
 
     previous = {s: signal.signal(s, on_signal) for s in _FORWARDED}
     try:
-        code = _loop(plan, policy, watch, env, child, waiting, out)
+        code = _loop(plan, policy, watch, env, child, waiting, out, nvrx)
     except _Stopped:
         code = -1
     except NvtrainError as exc:
         watch.emit("launcher_exit", exit_code=int(exc.exit_code), cause=str(exc))
-        _write_termination_log(str(exc))
+        write_termination_log(str(exc), watch.report)
         raise
     finally:
         for s, handler in previous.items():
@@ -269,9 +295,9 @@ def supervise(
         shutil.rmtree(paths.state_dir, ignore_errors=True)
         if metrics:
             metrics.close()
-    outcome = _outcome(code, watch, policy, identity)
+    outcome = decide(code, watch, policy, identity, plan.endpoint, nvrx)
     watch.emit("launcher_exit", exit_code=outcome.exit_code, cause=outcome.cause)
-    _write_termination_log(outcome.cause)
+    write_termination_log(outcome.cause, watch.report)
     return outcome
 
 
@@ -305,6 +331,7 @@ def _loop(
     child: list[Child],
     waiting: list[bool],
     out: TextIO,
+    nvrx: NvrxVersion | None,
 ) -> int:
     relaunches = 0
     while True:
@@ -324,16 +351,18 @@ def _loop(
         code = _run_once(plan, watch, env, child, out)
         if watch.stopped() or watch.escalated or code == 0:
             return code
-        if plan.is_host or watch.launcher_error is None:
+        if plan.is_host or watch.launcher_error is None or watch.rendezvous_timeout:
+            return code
+        if nvrx is not None and nvrx.is_no_restart_exit(code):
             return code
         if relaunches >= policy.restart.in_job.max_restarts:
             return code
         relaunches += 1
         watch.emit("relaunch", layer="launcher", reason=watch.launcher_error, attempt=relaunches)
-        watch.launcher_error = None
 
 
 def _run_once(plan: LaunchPlan, watch: _Watch, env: dict[str, str], child: list[Child], out: TextIO) -> int:
+    watch.launcher_started()
     launcher = Child(plan.argv, env, capture=True)
     child[:] = [launcher]
     watch.emit("launcher_started", launcher_pid=launcher.pid)
@@ -376,51 +405,3 @@ def _wait(child: Child, watch: _Watch, plan: LaunchPlan) -> int:
                 deadline = time.monotonic() + plan.stop_timeout + 5.0
             elif time.monotonic() >= deadline:
                 return child.stop(time.monotonic())
-
-
-def _outcome(code: int, watch: _Watch, policy: Policy, identity: Identity) -> Outcome:
-    where = f"pod {identity.hostname} (node {identity.node_rank})"
-    if watch.signum is not None:
-        name = signal.Signals(watch.signum).name
-        return Outcome(
-            signal_exit_code(watch.signum),
-            f"stopped by {name} on {where}; the workers were asked to stop first",
-        )
-    if watch.escalated:
-        return Outcome(
-            int(ExitCode.ESCALATED),
-            f"escalation on {where}: {watch.escalated}, no progress "
-            f"([restart] escalate_after = {policy.restart.escalate_after}); not "
-            "retrying: fix the cause, then start a new run",
-        )
-    if code == 0:
-        return Outcome(int(ExitCode.OK), f"run {identity.run_id} finished on {where}")
-    budget = policy.restart.in_job.max_restarts
-    if watch.failures:
-        first = watch.failures[0]
-        how = f"killed by {first['signal']}" if first["signal"] else f"exit code {first['exit_code']}"
-        if first.get("hang"):
-            how += " after its heartbeats stopped (hang detected by the rank monitor)"
-        cause = (
-            f"workers failed; {watch.restarts}/{budget} in-job restarts used. Root cause "
-            f"(first failure): local rank {first['local_rank']} on {where}, {how} (pid "
-            f"{first['worker_pid']}); {len(watch.failures)} worker failure(s) in all"
-        )
-        if first["signal"] == "SIGKILL" and not first.get("hang"):
-            cause += (
-                ". SIGKILL often means the OOM killer: look for OOMKilled in "
-                f"`kubectl describe pod {identity.hostname}`"
-            )
-    elif watch.launcher_error:
-        cause = f"ft_launcher failed on {where}: {watch.launcher_error}"
-    else:
-        cause = f"ft_launcher exited with code {code} on {where}; see its log above"
-    return Outcome(int(ExitCode.FAILED), cause)
-
-
-def _write_termination_log(text: str) -> None:
-    if TERMINATION_LOG.exists():
-        try:
-            TERMINATION_LOG.write_text(text + "\n", encoding="utf-8")
-        except OSError:
-            pass

@@ -201,6 +201,10 @@ def cause_of(window: Sequence[dict[str, Any]], repeats: set[int]) -> str:
         return f"{e.get('kind', 'fault')} (injected)"
     if first("hang_detected") is not None:
         return "hang"
+    restarted = [e for e in window if e.get("event") == "restart_begin" and e.get("cause")]
+    if restarted:  # an in-process restart names its cause; the failing rank's is the fault
+        own = [e for e in restarted if not str(e["cause"]).startswith("peer ")]
+        return str((own or restarted)[0]["cause"])
     if (e := first("worker_failed")) is not None:
         return str(e["signal"]) if e.get("signal") else f"exit {e.get('exit_code')}"
     if (e := first("signal")) is not None:

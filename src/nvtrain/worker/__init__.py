@@ -19,5 +19,14 @@ from nvtrain.worker.checkpoint import Checkpointer, CorruptCheckpoint, committed
 from nvtrain.worker.context import Context
 from nvtrain.worker.faults import InjectedFault
 from nvtrain.worker.restart import run
+from nvtrain.worker.stopping import Stopped
 
-__all__ = ["Checkpointer", "Context", "CorruptCheckpoint", "InjectedFault", "committed_steps", "run"]
+__all__ = [
+    "Checkpointer",
+    "Context",
+    "CorruptCheckpoint",
+    "InjectedFault",
+    "Stopped",
+    "committed_steps",
+    "run",
+]

@@ -303,6 +303,10 @@ class Checkpointer:
 
     def save(self, step: int) -> None:
         """Checkpoint the state after ``step``. Blocks only while the state is staged (async)."""
+        with self._paused():  # waiting for the previous save and staging are not a hang either
+            self._save(step)
+
+    def _save(self, step: int) -> None:
         t0 = time.monotonic()
         self.wait()  # the previous save is finalized before the next starts
         waited = time.monotonic() - t0
@@ -545,8 +549,15 @@ class Checkpointer:
                     step=step,
                     origin="storage",
                     seconds=round(time.monotonic() - t0, 6),
+                    bytes=self._state_bytes(),
                 )
                 return step
+        return 0
+
+    def _state_bytes(self) -> int:
+        """Bytes of this rank's model + optimizer state (what a restore brought back)."""
+        with contextlib.suppress(Exception):
+            return _nbytes(self._state())
         return 0
 
     def _agreed_steps(self) -> list[int]:
@@ -578,7 +589,11 @@ class Checkpointer:
         self._apply(restored, held.extra)
         self.last_saved = newest
         self._emit(
-            "checkpoint_restored", step=newest, origin="memory", seconds=round(time.monotonic() - t0, 6)
+            "checkpoint_restored",
+            step=newest,
+            origin="memory",
+            seconds=round(time.monotonic() - t0, 6),
+            bytes=_nbytes(live),
         )
         return True
 

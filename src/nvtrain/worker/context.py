@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +84,7 @@ class Context:
             policy=self.policy.checkpoint,
             events=self.events,
             extra=extra,
-            pause=self.heartbeat.paused,
+            pause=self.section,
             pause_limit=max(hb.initial_timeout, hb.timeout),
         )
         self.start_step = self._checkpointer.restore()
@@ -147,6 +150,67 @@ class Context:
             unsampled=True,
         )
         self._last_logged = step
+
+    @contextlib.contextmanager
+    def section(self, limit: float | None = None) -> Iterator[None]:
+        """Run a long stretch that is not a training step (evaluation, a slow data-loader
+        rebuild) without being taken for a hang: heartbeats and NVRx's progress are kept alive
+        from a thread for at most ``limit`` seconds (default: the longer of ``[heartbeat]
+        initial_timeout`` and ``timeout``); past that, a hang inside is caught as usual.
+        Checkpoint saves and restores run in one."""
+        hb = self.policy.heartbeat
+        limit = max(hb.initial_timeout, hb.timeout) if limit is None else limit
+        with self.heartbeat.paused(limit), self._progress_kept(limit):
+            yield
+
+    @contextlib.contextmanager
+    def _progress_kept(self, limit: float) -> Iterator[None]:
+        """Keep NVRx's in-process soft and hard timeouts from firing for at most ``limit``
+        seconds: they are shorter than a large save or an evaluation.
+
+        NVRx judges progress by two timestamps: the manual one (``ping``, sent by
+        ``step_done``) and an automatic one that only advances while the main thread runs
+        Python code. A thread here pings for the first, which covers stretches of Python code
+        (an evaluation loop). On NVRx 0.6+ the timeouts are also switched off for the stretch
+        (``CallWrapper._disable_hang_protection``, back on at ``limit`` or at the end), which
+        covers one long call into C as well (a first save pinning its host buffers). On 0.4.1
+        there is no such switch: a single call longer than the soft timeout still counts as a
+        hang there (docs/worker.md)."""
+        wrapper = self._call_wrapper
+        if wrapper is None:
+            yield
+            return
+        switch = hasattr(wrapper, "_disable_hang_protection") and hasattr(wrapper, "_enable_hang_protection")
+        wrapper.ping()
+        if switch:
+            wrapper._disable_hang_protection()
+        done = threading.Event()
+        every = max(0.05, self.policy.restart.in_process.soft_timeout / 4)
+        enabled = threading.Lock()  # whoever switches the timeouts back on does it once
+
+        def back_on() -> None:
+            if switch and enabled.acquire(blocking=False):
+                with contextlib.suppress(Exception):
+                    wrapper._enable_hang_protection()
+
+        def keep() -> None:
+            waited = 0.0
+            while waited < limit and not done.wait(min(every, limit - waited)):
+                waited += every
+                with contextlib.suppress(Exception):
+                    wrapper.ping()
+            back_on()  # past the limit a hang inside the stretch is caught again
+
+        thread = threading.Thread(target=keep, name="nvtrain-progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+            back_on()
+            with contextlib.suppress(Exception):
+                wrapper.ping()
 
     def settle(self, limit: float) -> None:
         """Before an in-process restart: let the save in flight finish, for up to ``limit`` s."""

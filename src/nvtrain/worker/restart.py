@@ -14,6 +14,8 @@ ft_launcher.
 import contextlib
 import datetime
 import os
+import re
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -25,6 +27,7 @@ import torch.distributed as dist
 
 from nvtrain.config.schema import Policy
 from nvtrain.events import EventLog
+from nvtrain.worker import stopping
 from nvtrain.worker.context import Context
 from nvtrain.worker.faults import FaultInjector
 from nvtrain.worker.heartbeat import Heartbeat
@@ -101,7 +104,13 @@ def _attempt(
         # Nothing here may replace the fault on its way to NVRx (an unwritable events log, say).
         with contextlib.suppress(Exception):
             ctx.log_last_step()
-        if call_wrapper is not None:  # an in-process restart follows
+        if stopping.requested() is not None:  # SIGTERM: the save in flight first, then exit
+            limit = stop_limit(policy, settings.events_path)
+            # NVRx must not interrupt the wait: its abort takes the same lock.
+            held = call_wrapper.atomic() if call_wrapper is not None else contextlib.nullcontext()
+            with held, contextlib.suppress(Exception):
+                ctx.settle(limit)
+        elif call_wrapper is not None:  # an in-process restart follows
             with contextlib.suppress(Exception):
                 ctx.settle(settle_limit(policy))
             ctx.abort()
@@ -122,6 +131,38 @@ def settle_limit(policy: Policy) -> float:
     return max(0.0, (ip.hard_timeout - ip.soft_timeout) / 2)
 
 
+def stop_limit(policy: Policy, events_path: Path | None) -> float:
+    """How long a worker stopped by SIGTERM waits for the save in flight: ``[job] stop_timeout``
+    less a margin when the pod is stopping, the soft-fault wait when ft_launcher restarts the
+    workers after a peer's failure (see :mod:`nvtrain.worker.stopping`)."""
+    if not policy.checkpoint.finish_in_flight:
+        return 0.0
+    if stopping.pod_is_stopping(events_path):
+        stop = policy.job.stop_timeout
+        return max(0.0, stop - min(5.0, stop / 4))
+    return settle_limit(policy)
+
+
+def restart_cause(fn_exception: BaseException | None, interrupted: list[str]) -> tuple[str, str]:
+    """Why an in-process restart happened, as ``(cause, detail)``: the cause is short and from
+    a small set (a metrics label), the detail the exception or NVRx's interruption message.
+
+    ``fn_exception`` is what this rank's training function raised (None on the healthy ranks
+    and on a hang); ``interrupted`` holds NVRx's message, e.g. ``Interruption.SOFT_TIMEOUT on
+    ranks={0}``."""
+    if fn_exception is not None:
+        return f"exception ({type(fn_exception).__name__})", repr(fn_exception)[:300]
+    message = interrupted[0] if interrupted else ""
+    kinds = re.findall(r"Interruption\.(\w+)", message)
+    if not kinds:
+        return "in-process restart", message[:300]
+    kind = kinds[0].lower().replace("_", " ")
+    ranks = {int(r) for r in re.findall(r"\d+", message.partition("ranks")[2].partition("}")[0])}
+    own = int(os.environ.get("RANK", "-1"))
+    where = "" if not ranks or own in ranks else "peer "
+    return f"{where}{kind}", message[:300]
+
+
 def run(main: Main) -> Any:
     """Run ``main(ctx)`` with the recovery layers the policy asks for; returns its result."""
     settings = load_settings()
@@ -138,11 +179,21 @@ def run(main: Main) -> Any:
         events.emit(
             "worker_start", rank=rank, restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         )
+    stopping.install()
     try:
         launched = "MASTER_ADDR" in os.environ and "RANK" in os.environ
         if policy.restart.in_process.enabled and launched:
             return _run_in_process(main, settings, events, heartbeat, faults)
         return _attempt(main, settings, events, heartbeat, faults, iteration=0)
+    except BaseException as exc:
+        signum = stopping.requested()
+        if signum is None:
+            raise
+        # Whatever ends the way out (NVRx may turn it into its own exception), a stop is a stop.
+        if events is not None:
+            with contextlib.suppress(Exception):
+                events.emit("worker_stopped", rank=rank, signal=signal.Signals(signum).name)
+        raise SystemExit(128 + signum) from exc
     finally:
         heartbeat.stop()
 
@@ -151,11 +202,18 @@ def _run_in_process(
     main: Main, settings: WorkerSettings, events: EventLog | None, heartbeat: Heartbeat, faults: FaultInjector
 ) -> Any:
     from nvidia_resiliency_ext import inprocess
+    from nvidia_resiliency_ext.inprocess.monitor_thread import RankShouldRestart
 
     ip = settings.policy.restart.in_process
     soft, hard = ip.soft_timeout, ip.hard_timeout
     barrier = hard + max(30.0, soft)
     tick = datetime.timedelta(seconds=min(1.0, soft / 10))
+    # NVRx's monitor process checks the timeouts only when its queue read times out, and the
+    # progress watchdog sends it a message every tick: with equal intervals a read almost never
+    # times out and a hang in Python went undetected until the heartbeat timeout. Reading four
+    # times as often as messages arrive lets the check run.
+    monitor_tick = tick / 4
+    interrupted: list[str] = []  # the first interruption NVRx raised in this attempt, if any
 
     class _DropCheckpoint(inprocess.finalize.Finalize):  # type: ignore[misc]
         def __call__(self, state: Any) -> Any:
@@ -163,12 +221,16 @@ def _run_in_process(
             if ctx is not None:
                 ctx.abort()
             if events is not None:
+                cause, detail = restart_cause(getattr(state, "fn_exception", None), interrupted)
                 events.emit(
                     "restart_begin",
                     layer="in_process",
                     rank=int(os.environ["RANK"]),
                     iteration=getattr(state, "iteration", None),
+                    cause=cause,
+                    detail=detail,
                 )
+            interrupted.clear()
             return state
 
     abort_collectives = inprocess.abort.AbortTorchDistributed()  # NVRx's default abort
@@ -198,11 +260,13 @@ def _run_in_process(
         barrier_timeout=datetime.timedelta(seconds=barrier),
         completion_timeout=datetime.timedelta(seconds=barrier),
         monitor_thread_interval=tick,
-        monitor_process_interval=tick,
+        monitor_process_interval=monitor_tick,
         heartbeat_interval=tick,
         progress_watchdog_interval=tick,
     )
-    if hasattr(wrapper, "restart_health_check"):  # NVRx 0.6+: NVML checks fail without a GPU
+    if hasattr(wrapper, "restart_health_check") and not torch.cuda.is_available():
+        # NVRx 0.6+ adds GPU, NVLink and NIC checks to every restart; without a GPU they fail,
+        # with one they stay.
         wrapper.restart_health_check = wrapper.health_check
     base_store = dist.TCPStore(  # type: ignore[attr-defined]
         os.environ["MASTER_ADDR"],
@@ -228,8 +292,13 @@ def _run_in_process(
         store = dist.PrefixStore(  # type: ignore[attr-defined]
             f"nvtrain-attempt-{iteration}", base_store
         )
-        return _attempt(
-            main, settings, events, heartbeat, faults, iteration, store=store, call_wrapper=call_wrapper
-        )
+        try:
+            return _attempt(
+                main, settings, events, heartbeat, faults, iteration, store=store, call_wrapper=call_wrapper
+            )
+        except RankShouldRestart as exc:  # NVRx interrupted this attempt
+            if not interrupted:
+                interrupted.append(str(exc))
+            raise
 
     return wrapper(attempt)()

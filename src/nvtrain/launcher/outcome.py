@@ -1,0 +1,173 @@
+"""How a run ended on this node: the exit code and the one-paragraph root cause.
+
+``decide`` turns what the supervisor saw (signals, worker failures, ft_launcher's errors and
+its exit code) into an ``Outcome``; ``write_termination_log`` puts the cause where Kubernetes
+shows it (``kubectl describe pod``). Exit codes: see ``nvtrain.errors``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from nvtrain.config.schema import Policy
+from nvtrain.errors import ExitCode, signal_exit_code
+from nvtrain.launcher.identity import Identity
+from nvtrain.nvrx import NO_RESTART_EXIT_CODE, NvrxVersion
+
+__all__ = [
+    "TERMINATION_LOG",
+    "TERMINATION_LOG_VAR",
+    "Observed",
+    "Outcome",
+    "decide",
+    "seconds",
+    "termination_log_path",
+    "write_termination_log",
+]
+
+TERMINATION_LOG = Path("/dev/termination-log")
+"""Kubernetes' default ``terminationMessagePath``; written only when it exists (in a pod)."""
+TERMINATION_LOG_VAR = "NVTRAIN_TERMINATION_LOG"
+"""Names another file for the root cause (for a pod whose ``terminationMessagePath`` is not the
+default); that file is written, created if need be, whether or not it exists."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How the run ended on this node."""
+
+    exit_code: int
+    cause: str
+
+
+class Observed(Protocol):
+    """What the supervisor saw during the run (its ``_Watch``)."""
+
+    signum: int | None
+    escalated: str | None
+    failures: list[dict[str, Any]]
+    """``worker_failed`` fields, first failure first."""
+    restarts: int
+    launcher_error: str | None
+    """The last ft_launcher's error message, if it ended with one."""
+    rendezvous_timeout: bool
+    """The last ft_launcher's error was a rendezvous that did not complete within join_timeout."""
+    world_nodes: int | None
+    """Nodes in the last completed rendezvous round, if one completed."""
+
+
+def seconds(value: float) -> str:
+    """``5.0`` -> ``"5s"``, as durations are written in a policy."""
+    return f"{value:g}s"
+
+
+def decide(
+    code: int,
+    seen: Observed,
+    policy: Policy,
+    identity: Identity,
+    endpoint: str,
+    nvrx: NvrxVersion | None,
+) -> Outcome:
+    """The exit code of ``nvtrain run`` and its cause, from ft_launcher's exit ``code``."""
+    where = f"pod {identity.hostname} (node {identity.node_rank})"
+    if seen.signum is not None:
+        name = signal.Signals(seen.signum).name
+        return Outcome(
+            signal_exit_code(seen.signum),
+            f"stopped by {name} on {where}; the workers were asked to stop first",
+        )
+    if seen.escalated:
+        return Outcome(
+            int(ExitCode.ESCALATED),
+            f"escalation on {where}: {seen.escalated}, no progress "
+            f"([restart] escalate_after = {policy.restart.escalate_after}); not "
+            "retrying: fix the cause, then start a new run",
+        )
+    if code == 0:
+        return Outcome(int(ExitCode.OK), f"run {identity.run_id} finished on {where}")
+    first = _first_failure(seen, where)
+    earlier = f". Before that: {first}" if first else ""
+    if nvrx is not None and nvrx.is_no_restart_exit(code):
+        return Outcome(
+            int(ExitCode.ESCALATED),
+            f"NVRx {nvrx} ended the run on {where} with exit code {NO_RESTART_EXIT_CODE}: it "
+            "decided not to restart again (its progress tracker saw no training progress over "
+            f"several restarts; {seen.restarts} in-job restarts used){earlier}; not retrying: "
+            "fix the cause, then start a new run",
+        )
+    if seen.rendezvous_timeout:
+        cause = _rendezvous_timeout(seen, policy, identity, endpoint, where)
+        return Outcome(int(ExitCode.RENDEZVOUS), cause + earlier)
+    budget = policy.restart.in_job.max_restarts
+    if first:
+        cause = (
+            f"workers failed; {seen.restarts}/{budget} in-job restarts used. Root cause "
+            f"(first failure): {first}; {len(seen.failures)} worker failure(s) in all"
+        )
+        if seen.failures[0]["signal"] == "SIGKILL" and not seen.failures[0].get("hang"):
+            cause += (
+                ". SIGKILL often means the OOM killer: look for OOMKilled in "
+                f"`kubectl describe pod {identity.hostname}`"
+            )
+    elif seen.launcher_error:
+        cause = f"ft_launcher failed on {where}: {seen.launcher_error}"
+    else:
+        cause = f"ft_launcher exited with code {code} on {where}; see its log above"
+    return Outcome(int(ExitCode.FAILED), cause)
+
+
+def _first_failure(seen: Observed, where: str) -> str:
+    """The first worker failure of the run in words ("" when no worker failed)."""
+    if not seen.failures:
+        return ""
+    first = seen.failures[0]
+    how = f"killed by {first['signal']}" if first["signal"] else f"exit code {first['exit_code']}"
+    if first.get("hang"):
+        how += " after its heartbeats stopped (hang detected by the rank monitor)"
+    return f"local rank {first['local_rank']} on {where}, {how} (pid {first['worker_pid']})"
+
+
+def _rendezvous_timeout(seen: Observed, policy: Policy, identity: Identity, endpoint: str, where: str) -> str:
+    r = policy.rendezvous
+    need = policy.min_nodes
+    wanted = f"{need} node(s)" if need == r.nodes else f"at least {need} of {r.nodes} node(s)"
+    joined = "this node joined, and NVRx does not log how many others did"
+    if seen.world_nodes is not None:
+        joined = f"the last completed round had {seen.world_nodes} node(s); in this one, {joined}"
+    port = endpoint.rsplit(":", 1)[-1]
+    return (
+        f"rendezvous not completed in time on {where}: the rendezvous at {endpoint} (run id "
+        f"{identity.run_id}) needs {wanted} and did not get them within [rendezvous] "
+        f"join_timeout = {seconds(r.join_timeout)}; {joined}. Likely causes: the other pods are "
+        "not scheduled or not running yet (`kubectl get pods`: Pending for lack of nodes, GPUs "
+        f"or quota); a NetworkPolicy or firewall blocks TCP port {port} between the pods; or "
+        "the pods run with different run ids (NVTRAIN_RUN_ID). Exit 3 lets Kubernetes start the "
+        "pod again; raise [rendezvous] join_timeout if the pods start far apart"
+    )
+
+
+def termination_log_path() -> tuple[Path, bool]:
+    """Where the root cause goes, and whether to write it there even if the file is missing."""
+    custom = os.environ.get(TERMINATION_LOG_VAR, "").strip()
+    return (Path(custom), True) if custom else (TERMINATION_LOG, False)
+
+
+def write_termination_log(text: str, report: Callable[[str, dict[str, Any]], None]) -> None:
+    """Write the root cause for Kubernetes; a named file that cannot be written is reported."""
+    path, always = termination_log_path()
+    if not (always or path.exists()):
+        return
+    try:
+        path.write_text(text + "\n", encoding="utf-8")
+    except OSError as exc:
+        if always:
+            report(
+                "termination_log_error",
+                {"path": str(path), "error": exc.strerror or str(exc), "variable": TERMINATION_LOG_VAR},
+            )
