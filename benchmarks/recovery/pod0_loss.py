@@ -14,6 +14,8 @@ step resumed from.
     # as root on a disposable machine: append the names to /etc/hosts (restored at the end)
     python3 benchmarks/recovery/pod0_loss.py --write-hosts --out /tmp/p0 --json /tmp/p0/r.json
     python3 benchmarks/recovery/pod0_loss.py --write-hosts --kill-pod 1 --out /tmp/p1
+    # NVRx 0.6+: the store in a third pod running `nvtrain control` (127.0.0.3, pod0loss-control)
+    python3 benchmarks/recovery/pod0_loss.py --write-hosts --store control --out /tmp/pc
     PYTHONPATH=<NVRx 0.7.0 dir> python3 benchmarks/recovery/pod0_loss.py --write-hosts --in-process
     # elsewhere: each pod gets a private /etc/hosts (unshare --mount + bind mount)
     .venv/bin/python benchmarks/recovery/pod0_loss.py --out /tmp/p0
@@ -42,13 +44,14 @@ from typing import Any
 import psutil
 
 JOB, DOMAIN = "pod0loss", "nvtrain.test"
-ADDRESSES = ("127.0.0.1", "127.0.0.2")
+CONTROL = "control"
+ADDRESSES: dict[int | str, str] = {0: "127.0.0.1", 1: "127.0.0.2", CONTROL: "127.0.0.3"}
 TOKEN_VAR = "POD_LOSS_TOKEN"
 _DROPPED: tuple[str, ...] = ("TORCHELASTIC_", "NVTRAIN_", "PET_", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 _DROPPED += ("MASTER_", "JOB_COMPLETION_INDEX", "POD_IP", "HOSTNAME")
 
 
-def pod_name(index: int) -> str:
+def pod_name(index: int | str) -> str:
     return f"{JOB}-{index}.{JOB}.default.svc.{DOMAIN}"
 
 
@@ -81,6 +84,7 @@ cluster_domain = "{DOMAIN}"
 port = {free_port()}
 dns_timeout = "60s"
 join_timeout = "120s"
+store = "{args.store}"
 
 [heartbeat]
 initial_timeout = "60s"
@@ -102,14 +106,14 @@ keep = 3
 
 
 def hosts_lines() -> str:
-    return "".join(f"{addr} {pod_name(i)}\n" for i, addr in enumerate(ADDRESSES))
+    return "".join(f"{addr} {pod_name(i)}\n" for i, addr in ADDRESSES.items())
 
 
 def resolves() -> bool:
     with contextlib.suppress(OSError):
         return all(
             {str(a[4][0]) for a in socket.getaddrinfo(pod_name(i), None, proto=socket.IPPROTO_TCP)} == {addr}
-            for i, addr in enumerate(ADDRESSES)
+            for i, addr in ADDRESSES.items()
         )
     return False
 
@@ -134,13 +138,15 @@ def private_hosts_prefix(out: Path) -> list[str]:
 class Pod:
     """One incarnation of a pod: an ``nvtrain run`` process and everything carrying its token."""
 
-    def __init__(self, index: int, incarnation: int, argv: list[str], out: Path, tmp: Path) -> None:
+    def __init__(self, index: int | str, incarnation: int, argv: list[str], out: Path, tmp: Path) -> None:
         self.index, self.token = index, uuid.uuid4().hex
         self.log = out / f"pod{index}-{incarnation}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith(_DROPPED)}
         (tmp / f"pod{index}").mkdir(exist_ok=True)  # a pod's own /tmp (ft_launcher's sockets)
         env["CUDA_VISIBLE_DEVICES"] = ""  # CPU only: the workers pick CUDA whenever they see it
-        env.update(JOB_COMPLETION_INDEX=str(index), POD_IP=ADDRESSES[index], HOSTNAME=f"{JOB}-{index}")
+        env.update(POD_IP=ADDRESSES[index], HOSTNAME=f"{JOB}-{index}")
+        if index != CONTROL:
+            env["JOB_COMPLETION_INDEX"] = str(index)
         env.update({TOKEN_VAR: self.token, "TMPDIR": str(tmp / f"pod{index}"), "PYTHONUNBUFFERED": "1"})
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
@@ -211,9 +217,14 @@ def run(args: argparse.Namespace, out: Path, tmp: Path, prefix: list[str]) -> di
     events_path = out / "ckpt" / run_id / "events.jsonl"
     argv = [*prefix, sys.executable, "-m", "nvtrain", "run", str(policy), "--run-id", run_id]
     victim, other = args.kill_pod, 1 - args.kill_pod
+    control = None
+    if args.store == CONTROL:  # the store's own pod, started first as in the manifest's order
+        control = Pod(
+            CONTROL, 0, [*prefix, sys.executable, "-m", "nvtrain", "control", str(policy)], out, tmp
+        )
     pods = {i: Pod(i, 0, argv, out, tmp) for i in (0, 1)}
     started = time.monotonic()
-    all_pods = list(pods.values())
+    all_pods = list(pods.values()) + ([control] if control else [])
     try:
         reached = wait_until(
             f"step {args.kill_at}",
@@ -240,6 +251,10 @@ def run(args: argparse.Namespace, out: Path, tmp: Path, prefix: list[str]) -> di
             time.monotonic() + args.timeout,
             lambda: all(p.proc.poll() is not None for p in pods.values()),
         )
+        if control is not None:  # it ends by itself once the rendezvous is closed
+            wait_until(
+                "the control pod to exit", time.monotonic() + 60, lambda: control.proc.poll() is not None
+            )
     finally:
         for pod in all_pods:
             pod.kill()
@@ -263,12 +278,14 @@ def run(args: argparse.Namespace, out: Path, tmp: Path, prefix: list[str]) -> di
         "torch": importlib.metadata.version("torch"),
         "run_id": run_id,
         "killed_pod": victim,
+        "store": args.store,
         "in_process": args.in_process,
         "step_at_kill": step_at_kill,
         "exit_codes": {
             f"pod{other}": pods[other].proc.returncode,
             f"pod{victim}_restarted": pods[victim].proc.returncode,
-        },
+        }
+        | ({"control": control.proc.returncode} if control else {}),
         "finished_in_time": finished,
         "last_step": last_step(events),
         "steps": args.steps,
@@ -292,6 +309,12 @@ def main() -> int:
     parser.add_argument("--step-time", type=float, default=0.1)
     parser.add_argument("--max-restarts", type=int, default=5, help="[restart.in_job] max_restarts")
     parser.add_argument("--in-process", action="store_true", help="enable in-process restart")
+    parser.add_argument(
+        "--store",
+        choices=("pod0", CONTROL),
+        default="pod0",
+        help='[rendezvous] store: "control" adds a third pod running `nvtrain control` (NVRx 0.6+)',
+    )
     parser.add_argument(
         "--write-hosts", action="store_true", help="append the pod names to /etc/hosts (root)"
     )

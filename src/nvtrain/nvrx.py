@@ -57,6 +57,11 @@ class NvrxVersion:
         return (self.major, self.minor) >= (0, 6)
 
     @property
+    def has_control_plane(self) -> bool:
+        """0.6+ ships ``nvrx-control``: the rendezvous store in a process of its own."""
+        return self.barrier_rendezvous
+
+    @property
     def supports_min_healthy(self) -> bool:
         """``--ft-restart-policy=min-healthy`` exists only before 0.6."""
         return not self.barrier_rendezvous

@@ -70,6 +70,18 @@ def set_keys(text: str, values: dict[tuple[str, str], str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def with_control_store(text: str) -> str:
+    """``text`` with ``store = "control"`` in its ``[rendezvous]`` table (which it must have)."""
+    if re.search(r"^(#\s*)?store = ", text, re.MULTILINE):
+        return set_keys(text, {("rendezvous", "store"): '"control"'})
+    assert text.count("\n[rendezvous]\n") == 1, "no [rendezvous] table"
+    return text.replace("\n[rendezvous]\n", '\n[rendezvous]\nstore = "control"\n')
+
+
+CONTROL = MINIMAL + 'nproc_per_node = 8\n[rendezvous]\nnodes = 4\nstore = "control"\n'
+"""4 pods of 8 GPUs and the rendezvous store in a control pod of its own."""
+
+
 def starter_named(name: str) -> str:
     return set_keys(starter_text("policy.toml"), {("job", "name"): f'"{name}"'})
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from templates_helpers import MINIMAL, by_kind, load_all
+from templates_helpers import CONTROL, MINIMAL, by_kind, load_all, with_control_store
 from typer.testing import CliRunner
 
 from nvtrain.cli import app
@@ -95,6 +95,23 @@ def test_jobset_flag(tmp_path: Path) -> None:
     refused = runner.invoke(app, ["manifest", str(write(tmp_path)), "--jobset"])
     assert refused.exit_code == 2
     assert "--jobset needs [job] name" in refused.stderr
+
+
+def test_control_store_lists_the_control_job_and_refuses_jobset(tmp_path: Path) -> None:
+    policy = str(write(tmp_path, CONTROL))
+    out = tmp_path / "job.yaml"
+    result = runner.invoke(app, ["manifest", policy, "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "Job llm-train-control" in result.stdout
+    names = [o["metadata"]["name"] for o in load_all(out.read_text(encoding="utf-8")) if o["kind"] == "Job"]
+    assert names == ["llm-train-control", "llm-train"]
+    text = with_control_store(starter_text("policy.toml").replace('"my-training"', '"my-training-workers-0"'))
+    refused = runner.invoke(app, ["manifest", str(write(tmp_path, text)), "--jobset"])
+    assert refused.exit_code == 2
+    assert refused.stdout == ""
+    assert '--jobset cannot be used with [rendezvous] store = "control"' in refused.stderr
+    assert 'store = "pod0"' in refused.stderr and "fix:" in refused.stderr
+    assert "Traceback" not in refused.output
 
 
 def test_invalid_policy_shows_every_finding_and_exits_2(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from kubernetes_validate import utils as kv
 from templates_helpers import (
+    CONTROL,
     KUBERNETES_VERSIONS,
     MINIMAL,
     OLDEST,
@@ -23,12 +24,15 @@ from templates_helpers import (
     schema_errors,
     set_keys,
     starter_named,
+    with_control_store,
 )
 
 from nvtrain.errors import UsageError
+from nvtrain.launcher.dns import control_name
 from nvtrain.templates.init import starter_text
 from nvtrain.templates.manifest import (
     CONTAINER,
+    CONTROL_RESOURCES,
     GRACE_MARGIN,
     ManifestOptions,
     dump,
@@ -354,6 +358,140 @@ def test_jobset_refuses_job_names_it_cannot_match(name: str) -> None:
         objects_of(text, ManifestOptions(jobset=True))
 
 
+# -- [rendezvous] store = "control": the control Job ------------------------------------------
+
+
+def jobs(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == "Job"}
+
+
+def workers(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The training pods' spec."""
+    return jobs(objects)["llm-train"]["spec"]["template"]["spec"]  # type: ignore[no-any-return]
+
+
+def control_pod(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return jobs(objects)["llm-train-control"]["spec"]["template"]  # type: ignore[no-any-return]
+
+
+def test_control_store_adds_the_control_job_before_the_workers() -> None:
+    objects = objects_of(CONTROL)
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects[1:]] == [
+        ("Service", "llm-train"),
+        ("NetworkPolicy", "llm-train-peers"),
+        ("Job", "llm-train-control"),
+        ("Job", "llm-train"),
+    ]
+    # The training Job is the one of store = "pod0", but for the name of the policy's ConfigMap.
+    pod0 = render(policy_of(CONTROL.replace('store = "control"\n', "")), CONTROL)
+    assert jobs(objects)["llm-train"] == by_kind(pod0, "Job")
+
+
+def test_control_pod_gets_the_dns_name_the_workers_dial_and_runs_nvtrain_control() -> None:
+    policy = policy_of(CONTROL)
+    objects = render(policy, CONTROL, P5)
+    job = jobs(objects)["llm-train-control"]
+    template = job["spec"]["template"]
+    spec = template["spec"]
+    # <hostname>.<subdomain>.<namespace>.svc.<cluster domain> is the name nvtrain run dials.
+    namespace = job["metadata"]["namespace"]
+    fqdn = f"{spec['hostname']}.{spec['subdomain']}.{namespace}.svc.{policy.rendezvous.cluster_domain}"
+    assert fqdn == control_name(policy)
+    assert spec["hostname"] == "llm-train-control" and spec["subdomain"] == "llm-train"
+    [control] = spec["containers"]
+    assert control["name"] == "control"
+    assert control["command"] == ["nvtrain", "control", "/etc/nvtrain/policy.toml"]
+    assert control["image"] == P5.image == workers(objects)["containers"][0]["image"]
+    assert {e["name"]: e.get("value", e.get("valueFrom")) for e in control["env"]} == {
+        "POD_IP": {"fieldRef": {"fieldPath": "status.podIP"}},
+        "PYTHONUNBUFFERED": "1",
+    }
+    assert control["ports"] == [{"name": "rendezvous", "containerPort": 29500, "protocol": "TCP"}]
+    assert spec["restartPolicy"] == "Never"
+    assert spec["enableServiceLinks"] is False and spec["automountServiceAccountToken"] is False
+    configmap = by_kind(objects, "ConfigMap")["metadata"]["name"]
+    assert spec["volumes"] == [{"name": "policy", "configMap": {"name": configmap}}]
+    assert control["volumeMounts"] == [{"name": "policy", "mountPath": "/etc/nvtrain", "readOnly": True}]
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 1
+    assert "completionMode" not in job["spec"]
+    assert job["spec"]["backoffLimit"] == P5.backoff_limit
+    fail, ignore = job["spec"]["podFailurePolicy"]["rules"]
+    assert fail["action"] == "FailJob"
+    assert fail["onExitCodes"] == {"containerName": "control", "operator": "In", "values": [2]}
+    assert ignore["action"] == "Ignore"
+
+
+def test_control_pod_is_a_small_cpu_pod_off_the_gpu_nodes() -> None:
+    objects = render(policy_of(CONTROL), CONTROL, P5)  # GPUs, EFA, cpu/memory, node selector, env
+    spec = control_pod(objects)["spec"]
+    [control] = spec["containers"]
+    assert control["resources"] == CONTROL_RESOURCES
+    assert control["resources"] == {"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+    assert "securityContext" not in control
+    for key in ("tolerations", "nodeSelector"):
+        assert key not in spec
+    # `nvtrain control` gives the store process [job] stop_timeout after SIGTERM, as `nvtrain run` does.
+    assert spec["terminationGracePeriodSeconds"] == grace_period(policy_of(CONTROL))
+    assert "NCCL_DEBUG" not in json.dumps(control)
+    # The training pods keep what the options give them.
+    assert workers(objects)["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert workers(objects)["nodeSelector"] == P5.node_selector
+    assert workers(objects)["tolerations"]
+
+
+def test_service_and_network_policy_cover_the_control_pod() -> None:
+    objects = render(policy_of(CONTROL), CONTROL, P5)
+    labels = control_pod(objects)["metadata"]["labels"]
+    service = by_kind(objects, "Service")["spec"]["selector"]
+    peers = by_kind(objects, "NetworkPolicy")["spec"]
+    assert service.items() <= labels.items()
+    assert peers["podSelector"]["matchLabels"].items() <= labels.items()
+    assert peers["ingress"] == [{"from": [{"podSelector": {"matchLabels": service}}]}]
+    assert labels["app.kubernetes.io/component"] == "control"
+    assert labels["team"] == "ml"  # --label reaches the control Job and its pod too
+    assert jobs(objects)["llm-train-control"]["metadata"]["labels"] == labels
+    # The training pods keep the labels they had: no component label.
+    workers = jobs(objects)["llm-train"]["spec"]["template"]["metadata"]["labels"]
+    assert "app.kubernetes.io/component" not in workers
+
+
+def test_component_label_is_nvtrains_only_with_a_control_job() -> None:
+    options = ManifestOptions(labels={"app.kubernetes.io/component": "training"})
+    with pytest.raises(UsageError, match="app.kubernetes.io/component is set by nvtrain"):
+        objects_of(CONTROL, options)
+    assert by_kind(objects_of(MINIMAL, options), "Job")["metadata"]["labels"]["app.kubernetes.io/component"]
+
+
+def test_only_a_store_to_move_gets_a_control_job() -> None:
+    """From 2 nodes on with store = "control"; not by default, with "pod0", or on one node
+    (standalone, with no store to move)."""
+    kinds = ["ConfigMap", "Service", "NetworkPolicy", "Job"]
+    assert [o["kind"] for o in objects_of(CONTROL)] == [*kinds, "Job"]
+    assert [o["kind"] for o in objects_of(CONTROL.replace("nodes = 4", "nodes = 2"))] == [*kinds, "Job"]
+    for text in (
+        MINIMAL,
+        CONTROL.replace('store = "control"', 'store = "pod0"'),
+        CONTROL.replace("nodes = 4", "nodes = 1"),
+    ):
+        assert [o["kind"] for o in objects_of(text)] == kinds, text
+
+
+def test_jobset_with_the_control_store_is_a_usage_error() -> None:
+    text = with_control_store(starter_named("llm-workers-0"))
+    with pytest.raises(UsageError) as caught:
+        objects_of(text, ManifestOptions(jobset=True))
+    error = caught.value
+    assert error.exit_code == 2
+    assert '--jobset cannot be used with [rendezvous] store = "control"' in str(error)
+    assert "llm-workers-0-control" in str(error) and "DNS name" in str(error)
+    assert error.fix == 'render the plain Job (leave out --jobset), or set store = "pod0" in [rendezvous]'
+    assert [o["kind"] for o in objects_of(text)][-2:] == ["Job", "Job"]  # the plain Job renders
+    # One node: there is no control pod, so JobSet is fine.
+    one = text.replace("nodes = 2", "nodes = 1")
+    assert one != text
+    assert by_kind(objects_of(one, ManifestOptions(jobset=True)), "JobSet")
+
+
 # -- golden files ------------------------------------------------------------------------------
 
 
@@ -371,6 +509,11 @@ def test_golden_p5_options() -> None:
     check_golden("starter_p5.yaml", dump(objects_of(starter_text("policy.toml"), P5)))
 
 
+def test_golden_control_store() -> None:
+    """``[rendezvous] store = "control"``: the control Job between the NetworkPolicy and the Job."""
+    check_golden("control.yaml", dump(objects_of(CONTROL)))
+
+
 def test_golden_jobset() -> None:
     """The JobSet is also schema-checked (``jobset_errors``, below); this pins its exact shape."""
     check_golden(
@@ -382,6 +525,8 @@ def test_golden_jobset() -> None:
 
 LONG_NAME = "llm-" + "x1" * 26 + "-end"
 """60 characters: with 16 nodes the longest pod name, ``<name>-15``, is 63, a DNS label's limit."""
+LONG_CONTROL_NAME = "llm-" + "c3" * 23 + "-end"
+"""55 characters: the control pod's hostname, ``<name>-control``, is 63."""
 LONG_JOBSET_NAME = "llm-" + "y2" * 23 + "-workers-0"
 LONG_NAMESPACE = "ns-" + "0z" * 30
 UNUSUAL_ARGS = [
@@ -441,6 +586,10 @@ SCHEMA_CASES = {
         ManifestOptions(cpu="500m", memory="64Gi", shm_size="1Gi", resources={"rdma/hca": 1}),
     ),
     "unusual-names-and-values": (UNUSUAL, UNUSUAL_OPTIONS),
+    "control": (CONTROL, ManifestOptions()),
+    "control-p5": (CONTROL, P5),
+    "control-metrics": (CONTROL + "[metrics]\nenabled = true\n", ManifestOptions()),
+    "unusual-control": (with_control_store(UNUSUAL.replace(LONG_NAME, LONG_CONTROL_NAME)), UNUSUAL_OPTIONS),
     "unusual-jobset": (
         UNUSUAL.replace(LONG_NAME, LONG_JOBSET_NAME),
         dataclasses.replace(UNUSUAL_OPTIONS, jobset=True),
@@ -456,6 +605,8 @@ def test_every_object_is_valid_against_the_kubernetes_schema(case: str, version:
     text, options = SCHEMA_CASES[case]
     objects = load_all(dump(objects_of(text, options)))
     assert ("JobSet" in [o["kind"] for o in objects]) == options.jobset
+    controls = [o for o in objects if o["kind"] == "Job" and o["metadata"]["name"].endswith("-control")]
+    assert len(controls) == (1 if case.startswith(("control", "unusual-control")) else 0)
     errors = [e for o in objects for e in object_errors(o, version)]
     assert not errors, "\n".join(errors)
 

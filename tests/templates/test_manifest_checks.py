@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from templates_helpers import MINIMAL, policy_of, set_keys, starter_named
+from templates_helpers import CONTROL, MINIMAL, policy_of, set_keys, starter_named, with_control_store
 from typer.testing import CliRunner, Result
 
 from nvtrain.cli import app
@@ -335,3 +335,193 @@ def test_every_manifest_finding_code_is_in_the_rule_tables() -> None:
     page = (ROOT / "docs" / "policy.md").read_text(encoding="utf-8").split("## Key reference", 1)[0]
     missing = sorted(c for c in codes if f"| `{c}` |" not in page)
     assert not missing, f"docs/policy.md does not describe the finding codes {missing}"
+
+
+# -- [rendezvous] store = "control": the control Job ------------------------------------------
+
+CONTROL_POLICY = with_control_store(POLICY)
+CONTROL_JOB = "Job llm-train-control"
+CONTROL_POD = "spec.template.spec"
+
+
+def edit_job(manifest: Path, name: str, change: Any) -> None:
+    """Apply ``change`` to the Job ``name`` and write the file back."""
+    docs = list(yaml.safe_load_all(manifest.read_text(encoding="utf-8")))
+    [job] = [d for d in docs if d["kind"] == "Job" and d["metadata"]["name"] == name]
+    change(job)
+    manifest.write_text(yaml.safe_dump_all(docs, sort_keys=False), encoding="utf-8")
+
+
+def test_a_fresh_control_manifest_has_no_findings(tmp_path: Path) -> None:
+    """The control Job is neither the workload (1 pod, not 4) nor grace-checked (its pod
+    writes no checkpoint; a grace period of 30 s would be short of a 90 s write)."""
+    policy, manifest = files(tmp_path, CONTROL_POLICY)
+    edit_job(
+        manifest,
+        "llm-train-control",
+        lambda job: job["spec"]["template"]["spec"].pop(GRACE.rsplit(".", 1)[1]),
+    )
+    assert [
+        d["metadata"]["name"] for d in yaml.safe_load_all(manifest.read_text()) if d["kind"] == "Job"
+    ] == [
+        "llm-train-control",
+        "llm-train",
+    ]
+    measured = timings(tmp_path, "90s")
+    result = validate(str(policy), "--manifest", str(manifest), "--timings", str(measured), "--strict")
+    assert result.exit_code == 0, result.output
+    assert str(manifest) not in result.stderr
+    path = tmp_path / "p5.yaml"
+    options = ManifestOptions(efa=4, gpus_per_node=8, node_selector={"gpu": "h200"}, labels={"team": "ml"})
+    path.write_text(dump(render(policy_of(CONTROL), CONTROL, options)), encoding="utf-8")
+    assert check_manifest(path, policy_of(CONTROL), policy_text=CONTROL) == []
+
+
+def rename_host(job: dict[str, Any]) -> None:
+    job["spec"]["template"]["spec"]["hostname"] = "llm-train-store"
+
+
+def drop_host(job: dict[str, Any]) -> None:
+    del job["spec"]["template"]["spec"]["hostname"]
+
+
+def move_subdomain(job: dict[str, Any]) -> None:
+    job["spec"]["template"]["spec"]["subdomain"] = "elsewhere"
+
+
+def drop_instance_label(job: dict[str, Any]) -> None:
+    del job["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/instance"]
+
+
+def run_training(job: dict[str, Any]) -> None:
+    job["spec"]["template"]["spec"]["containers"][0]["command"][1] = "run"
+
+
+def move_port(job: dict[str, Any]) -> None:
+    job["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = 29600
+
+
+@pytest.mark.parametrize(
+    ("change", "key", "value", "rule"),
+    [
+        (rename_host, f"{CONTROL_POD}.hostname", '"llm-train-store"', "differs from the policy"),
+        (drop_host, f"{CONTROL_POD}.hostname", None, "is not set"),
+        (move_subdomain, f"{CONTROL_POD}.subdomain", '"elsewhere"', "from [rendezvous] service"),
+        (
+            drop_instance_label,
+            'spec.template.metadata.labels["app.kubernetes.io/instance"]',
+            None,
+            "the headless Service selects",
+        ),
+        (
+            run_training,
+            f"{CONTROL_POD}.containers[0].command",
+            '["nvtrain", "run", "/etc/nvtrain/policy.toml"]',
+            "is not `nvtrain control ...`",
+        ),
+        (move_port, f"{CONTROL_POD}.containers[0].ports[0].containerPort", "29600", "[rendezvous] port"),
+    ],
+    ids=["hostname", "no-hostname", "subdomain", "labels", "command", "port"],
+)
+def test_a_broken_control_job_gives_its_finding(
+    tmp_path: Path, change: Any, key: str, value: str | None, rule: str
+) -> None:
+    policy, manifest = files(tmp_path, CONTROL_POLICY)
+    edit_job(manifest, "llm-train-control", change)
+    [found] = manifest_findings(as_json(str(policy), "--manifest", str(manifest)), manifest)
+    assert (found["severity"], found["code"], found["table"], found["key"]) == (
+        "warning",
+        "manifest-mismatch",
+        CONTROL_JOB,
+        key,
+    )
+    assert found["value"] == value
+    assert rule in found["rule"]
+    if key != f"{CONTROL_POD}.containers[0].ports[0].containerPort":
+        assert "llm-train-control.llm-train.default.svc.cluster.local" in found["rule"]
+    assert "nvtrain manifest" in found["fix"]
+    line = manifest.read_text(encoding="utf-8").splitlines()[found["line"] - 1].strip()
+    leaf = key.rsplit(".", 1)[-1].split("[")[0]
+    if value is not None:  # a key that is gone is shown where its parent is
+        assert line.startswith((leaf, "- " + leaf)), line
+
+
+def test_a_missing_control_job_warns(tmp_path: Path) -> None:
+    policy, manifest = files(tmp_path, CONTROL_POLICY)
+    docs = list(yaml.safe_load_all(manifest.read_text(encoding="utf-8")))
+    manifest.write_text(
+        yaml.safe_dump_all(
+            [d for d in docs if d["metadata"]["name"] != "llm-train-control"], sort_keys=False
+        ),
+        encoding="utf-8",
+    )
+    [found] = manifest_findings(as_json(str(policy), "--manifest", str(manifest)), manifest)
+    assert (found["severity"], found["code"], found["key"], found["line"]) == (
+        "warning",
+        "manifest-mismatch",
+        None,
+        None,
+    )
+    assert "has no control Job llm-train-control" in found["rule"]
+    assert "llm-train-control.llm-train.default.svc.cluster.local" in found["rule"]
+    assert f"nvtrain manifest {policy} -o {manifest}" in found["fix"]
+    assert validate(str(policy), "--manifest", str(manifest), "--strict").exit_code == 1
+
+
+def test_a_control_job_with_store_pod0_warns(tmp_path: Path) -> None:
+    policy, manifest = files(tmp_path, CONTROL_POLICY)
+    policy.write_text(POLICY, encoding="utf-8")  # back to store = "pod0"
+    found = manifest_findings(as_json(str(policy), "--manifest", str(manifest)), manifest)
+    by_table = {f["table"]: f for f in found}
+    assert set(by_table) == {CONTROL_JOB, next(t for t in by_table if t.startswith("ConfigMap "))}
+    control = by_table[CONTROL_JOB]
+    assert (control["code"], control["key"], control["value"]) == (
+        "manifest-mismatch",
+        "metadata.name",
+        '"llm-train-control"',
+    )
+    assert 'store = "pod0"' in control["rule"]
+
+
+def test_the_training_job_is_still_the_workload_beside_a_control_job(tmp_path: Path) -> None:
+    policy, manifest = files(tmp_path, CONTROL_POLICY)
+    edit_job(manifest, "llm-train", lambda job: job["spec"].update(parallelism=3))
+    # A renamed control Job is still told apart by its command.
+    edit_job(manifest, "llm-train-control", lambda job: job["metadata"].update(name="store"))
+    found = manifest_findings(as_json(str(policy), "--manifest", str(manifest)), manifest)
+    assert [(f["table"], f["key"], f["value"]) for f in found] == [("Job llm-train", "spec.parallelism", "3")]
+
+
+def test_a_jobset_for_the_control_store_warns(tmp_path: Path) -> None:
+    text = starter_named("llm-workers-0")
+    policy, manifest = files(tmp_path, text, jobset=True)
+    policy.write_text(with_control_store(text), encoding="utf-8")
+    found = manifest_findings(as_json(str(policy), "--manifest", str(manifest)), manifest)
+    [jobset] = [f for f in found if f["table"] == "JobSet llm"]
+    assert (jobset["code"], jobset["key"], jobset["value"]) == ("manifest-mismatch", "kind", '"JobSet"')
+    assert "llm-workers-0-control" in jobset["rule"] and "would never resolve" in jobset["rule"]
+    assert "without --jobset" in jobset["fix"] and 'store = "pod0"' in jobset["fix"]
+    assert not [f for f in found if "has no control Job" in f["rule"]]
+
+
+def test_without_a_valid_policy_the_control_job_is_not_the_workload(tmp_path: Path) -> None:
+    """An invalid policy leaves only the timing check, which applies to the training pods: the
+    control pod (here with Kubernetes' default 30 s) writes no checkpoint."""
+    policy, manifest = files(tmp_path, CONTROL_POLICY)
+    edit_job(
+        manifest,
+        "llm-train-control",
+        lambda job: job["spec"]["template"]["spec"].pop(GRACE.rsplit(".", 1)[1]),
+    )
+    policy.write_text(CONTROL_POLICY + "[bogus]\n", encoding="utf-8")
+    measured = str(timings(tmp_path, "20s"))  # needs 50 s: the training pods have 150 s
+    data = as_json(str(policy), "--manifest", str(manifest), "--timings", measured)
+    assert data["errors"] >= 1
+    assert manifest_findings(data, manifest) == []
+    only_control = [d for d in yaml.safe_load_all(manifest.read_text()) if "control" in d["metadata"]["name"]]
+    manifest.write_text(yaml.safe_dump_all(only_control, sort_keys=False), encoding="utf-8")
+    [found] = manifest_findings(
+        as_json(str(policy), "--manifest", str(manifest), "--timings", measured), manifest
+    )
+    assert found["code"] == "manifest-no-job"
+    assert "holds no Job or JobSet of training pods" in found["rule"]

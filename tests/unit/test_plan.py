@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 
 from nvtrain.config.schema import Policy
+from nvtrain.errors import UsageError
+from nvtrain.launcher.control import ControlPlan, build_control_plan
 from nvtrain.launcher.dns import pod_name
 from nvtrain.launcher.identity import Identity, identify
 from nvtrain.launcher.plan import LAUNCHER_MODULE, LaunchPlan, build_plan
@@ -365,6 +367,93 @@ def test_shell_line_quotes_and_puts_env_first() -> None:
     assert "python3 -m nvidia_resiliency_ext.fault_tolerance.launcher --nnodes=1:1" in line
 
 
+# -- [rendezvous] store = "control": the store in a pod of its own ------------------------------
+
+CONTROL = "llm-train-control.llm-svc.research.svc.cluster.example"
+
+
+@pytest.mark.parametrize("rank", [0, 1, 3])
+@pytest.mark.parametrize("nvrx", [V060, V070], ids=str)
+def test_with_a_control_pod_no_training_pod_hosts_the_store(rank: int, nvrx: NvrxVersion) -> None:
+    plan = plan_for(multinode_policy(store="control"), node_identity(rank), nvrx)
+    assert plan.is_host is False
+    assert plan.endpoint == f"{CONTROL}:29600"
+    assert plan.wait_for == CONTROL  # pod 0's name is not needed by anyone
+    assert f"--rdzv-endpoint={CONTROL}:29600" in plan.argv
+    # The rendezvous is named after the job: the control pod cannot know the Job's uid. The
+    # run id (events log, checkpoints) stays the Job's.
+    assert "--rdzv-id=llm-train" in plan.argv
+    assert "--rdzv-conf=is_host=0,join_timeout=91,store_connect_wait_seconds=91" in plan.argv
+    assert plan.env["NVTRAIN_RUN_ID"] == RUN_ID
+
+
+def test_store_control_is_ignored_by_a_standalone_job() -> None:
+    policy = standalone_policy()
+    policy = policy.model_copy(
+        update={"rendezvous": policy.rendezvous.model_copy(update={"store": "control"})}
+    )
+    assert plan_for(policy, standalone_identity(), V070) == plan_for(
+        standalone_policy(), standalone_identity(), V070
+    )
+
+
+def control_plan(policy: Policy, nvrx: NvrxVersion = V070, address: str | None = "10.0.0.99") -> ControlPlan:
+    return build_control_plan(policy, nvrx, python="python3", address=address)
+
+
+@pytest.mark.parametrize("nvrx", [V060, V070], ids=str)
+def test_control_plan_runs_nvrx_control_on_the_policy(nvrx: NvrxVersion) -> None:
+    plan = control_plan(multinode_policy(store="control"), nvrx)
+    assert plan.argv == [
+        "python3",
+        "-m",
+        "nvidia_resiliency_ext.fault_tolerance.control_plane",  # the module of `nvrx-control`
+        "--nnodes=3:4",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={CONTROL}:29600",
+        "--rdzv-id=llm-train",
+        "--rdzv-conf=join_timeout=91",
+        "--ft-enable-log-server=false",
+        "--local-addr=10.0.0.99",
+    ]
+    assert (plan.endpoint, plan.wait_for, plan.rendezvous_id, plan.stop_timeout) == (
+        f"{CONTROL}:29600",
+        CONTROL,
+        "llm-train",
+        10.0,
+    )
+    # The launchers dial what the control pod serves, under the same rendezvous id.
+    launcher = plan_for(multinode_policy(store="control"), node_identity(1), nvrx)
+    assert launcher.endpoint == plan.endpoint
+    assert f"--rdzv-id={plan.rendezvous_id}" in launcher.argv
+    assert not any(
+        a.startswith("--local-addr") for a in control_plan(multinode_policy(store="control"), nvrx, None).argv
+    )
+
+
+@pytest.mark.parametrize(
+    ("policy", "nvrx", "message", "fix"),
+    [
+        (multinode_policy(), V070, 'store = "pod0"', 'store = "control"'),
+        (multinode_policy(store="control"), V041, "NVRx 0.4.1 has no control-plane", "0.6 or later"),
+        (
+            multinode_policy(store="control", nodes=1, min_nodes=None),
+            V070,
+            "nodes = 1",
+            "two or more nodes",
+        ),
+    ],
+    ids=["store-in-pod0", "nvrx-0.4", "one-node"],
+)
+def test_control_plan_refuses_what_has_no_control_pod(
+    policy: Policy, nvrx: NvrxVersion, message: str, fix: str
+) -> None:
+    with pytest.raises(UsageError) as caught:
+        control_plan(policy, nvrx)
+    assert message in caught.value.message
+    assert fix in caught.value.fix
+
+
 # Golden files: what `nvtrain run --dry-run` prints, for each version and node layout.
 GOLDEN_CASES = {
     "standalone_nvrx_0_4_1": (standalone_policy, lambda: standalone_identity(), V041),
@@ -377,6 +466,11 @@ GOLDEN_CASES = {
         V060,
     ),
     "multinode_node3_nvrx_0_7_0": (multinode_policy, lambda: node_identity(3, address=None), V070),
+    "control_store_node0_nvrx_0_7_0": (
+        lambda: multinode_policy(store="control"),
+        lambda: node_identity(0),
+        V070,
+    ),
 }
 
 
@@ -408,5 +502,6 @@ def test_nvrx_version_properties() -> None:
         False,
     )
     assert (V041.barrier_rendezvous, V060.barrier_rendezvous) == (False, True)
+    assert (V041.has_control_plane, V060.has_control_plane, V070.has_control_plane) == (False, True, True)
     with pytest.raises(ValueError, match="not an NVRx version"):
         NvrxVersion.parse("latest")

@@ -59,6 +59,7 @@ def test_cli_commands() -> None:
         "init",
         "manifest",
         "report",
+        "control",
     ]
 
 

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from nvtrain import __version__
-from nvtrain.cli import init, manifest, report, run, schema, tune_interval, validate
+from nvtrain.cli import control, init, manifest, report, run, schema, tune_interval, validate
 
 __all__ = ["app", "main"]
 
@@ -26,6 +26,7 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "init": init.command,
     "manifest": manifest.command,
     "report": report.command,
+    "control": control.command,
 }
 """Every command, in the order ``--help`` lists them."""
 

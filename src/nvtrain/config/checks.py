@@ -86,8 +86,15 @@ def _job(p: Policy) -> Iterator[Finding]:
         )
 
 
+def _suffix(p: Policy) -> str:
+    """The longest suffix of a pod name ``<job>-<suffix>``: the last index, or ``control``."""
+    last = str(p.rendezvous.nodes - 1)
+    return "control" if p.rendezvous.store == "control" and len("control") > len(last) else last
+
+
 def _names(p: Policy) -> Iterator[Finding]:
     name = p.job.name
+    suffix = _suffix(p)
     if not _LABEL.match(name) or len(name) > 63:
         yield _f(
             "error",
@@ -97,17 +104,21 @@ def _names(p: Policy) -> Iterator[Finding]:
             name,
             "must be a DNS label: at most 63 lowercase letters, digits and '-', "
             "starting and ending with a letter or digit",
-            f'e.g. name = "{_suggest_label(name, limit=62 - len(str(p.rendezvous.nodes - 1)))}"',
+            f'e.g. name = "{_suggest_label(name, limit=62 - len(suffix))}"',
         )
-    elif len(f"{name}-{p.rendezvous.nodes - 1}") > 63:
+    elif len(f"{name}-{suffix}") > 63:
         yield _f(
             "error",
             "dns-name",
             "job",
             "name",
             name,
-            f"pod names `{name}-<index>` would be longer than 63 characters",
-            f"shorten the name to at most {62 - len(str(p.rendezvous.nodes - 1))} characters",
+            (
+                f"the control pod's name `{name}-control` would be longer than 63 characters"
+                if suffix == "control"
+                else f"pod names `{name}-<index>` would be longer than 63 characters"
+            ),
+            f"shorten the name to at most {62 - len(suffix)} characters",
         )
     service = p.rendezvous.service
     if service is not None and (not _LABEL_1035.match(service) or len(service) > 63):
@@ -167,6 +178,16 @@ def _suggest_label(text: str, letter_first: bool = False, limit: int = 63) -> st
 
 def _sizes(p: Policy) -> Iterator[Finding]:
     r = p.rendezvous
+    if r.store == "control" and r.nodes == 1:
+        yield _f(
+            "warning",
+            "store-standalone",
+            "rendezvous",
+            "store",
+            r.store,
+            "a one-node job runs standalone on localhost: there is no store to move to a control pod",
+            'remove store, or set store = "pod0"; "control" matters from 2 nodes on',
+        )
     if r.min_nodes is not None and r.min_nodes > r.nodes:
         yield _f(
             "error",
@@ -450,6 +471,17 @@ def _nvrx_rules(p: Policy, v: NvrxVersion) -> Iterator[Finding]:
             "keep it for fast recovery from soft faults, or set enabled = false",
         )
     r = p.rendezvous
+    if r.store == "control" and not v.has_control_plane:
+        yield _f(
+            "error",
+            "nvrx-option",
+            "rendezvous",
+            "store",
+            r.store,
+            f"NVRx {v} has no control-plane process (nvrx-control arrived in 0.6)",
+            'use store = "pod0" with NVRx 0.4 (the other pods restart their launchers when pod 0 '
+            "is replaced), or install NVRx 0.6 or later",
+        )
     if r.min_nodes is not None and r.min_nodes < r.nodes:
         if v.barrier_rendezvous:
             rule = (

@@ -130,6 +130,13 @@ class Rendezvous(BaseModel):
     join_timeout: Duration = 900.0
     """How long the rendezvous waits for all nodes to join (covers pod start skew)."""
 
+    store: Literal["pod0", "control"] = "pod0"
+    """Where the rendezvous store lives. `"pod0"`: in pod 0's launcher; when pod 0 is lost the
+    other pods start their launchers again once its replacement is up. `"control"` (NVRx 0.6 and
+    later): in a small CPU pod of its own, `<job>-control`, that runs `nvtrain control`; no
+    training pod is special and the job survives the loss of any of them without a restart of
+    the other launchers."""
+
 
 class Heartbeat(BaseModel):
     """Hang detection by ft_launcher's per-rank monitors."""

@@ -9,7 +9,19 @@ from collections.abc import Callable
 from nvtrain.config.schema import Policy
 from nvtrain.errors import ExitCode, NvtrainError
 
-__all__ = ["DnsTimeout", "Resolver", "pod_name", "resolve", "wait_until_resolvable"]
+__all__ = [
+    "CONTROL_SUFFIX",
+    "DnsTimeout",
+    "Resolver",
+    "control_name",
+    "pod_name",
+    "resolve",
+    "store_name",
+    "wait_until_resolvable",
+]
+
+CONTROL_SUFFIX = "control"
+"""The control pod's hostname is ``<job>-control`` (``[rendezvous] store = "control"``)."""
 
 Resolver = Callable[[str], list[str]]
 
@@ -34,6 +46,17 @@ def pod_name(policy: Policy, index: int) -> str:
     """``<job>-<index>.<service>.<namespace>.svc.<cluster domain>``."""
     r = policy.rendezvous
     return f"{policy.job.name}-{index}.{policy.service}.{r.namespace}.svc.{r.cluster_domain}"
+
+
+def control_name(policy: Policy) -> str:
+    """``<job>-control.<service>.<namespace>.svc.<cluster domain>``: the pod of ``nvtrain control``."""
+    r = policy.rendezvous
+    return f"{policy.job.name}-{CONTROL_SUFFIX}.{policy.service}.{r.namespace}.svc.{r.cluster_domain}"
+
+
+def store_name(policy: Policy) -> str:
+    """DNS name of the rendezvous store's host: pod 0, or the control pod."""
+    return control_name(policy) if policy.rendezvous.store == "control" else pod_name(policy, 0)
 
 
 def resolve(name: str) -> list[str]:

@@ -141,9 +141,13 @@ def _rendezvous_timeout(seen: Observed, policy: Policy, identity: Identity, endp
     if seen.world_nodes is not None:
         joined = f"the last completed round had {seen.world_nodes} node(s); in this one, {joined}"
     port = endpoint.rsplit(":", 1)[-1]
+    control = r.store == "control" and not identity.standalone
+    named = f"rendezvous id {policy.job.name}" if control else f"run id {identity.run_id}"
+    if control:
+        joined += "; the store is the control pod's (`nvtrain control`): check that it runs"
     return (
-        f"rendezvous not completed in time on {where}: the rendezvous at {endpoint} (run id "
-        f"{identity.run_id}) needs {wanted} and did not get them within [rendezvous] "
+        f"rendezvous not completed in time on {where}: the rendezvous at {endpoint} ({named}) "
+        f"needs {wanted} and did not get them within [rendezvous] "
         f"join_timeout = {seconds(r.join_timeout)}; {joined}. Likely causes: the other pods are "
         "not scheduled or not running yet (`kubectl get pods`: Pending for lack of nodes, GPUs "
         f"or quota); a NetworkPolicy or firewall blocks TCP port {port} between the pods; or "

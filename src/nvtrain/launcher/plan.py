@@ -12,11 +12,11 @@ import math
 import shlex
 
 from nvtrain.config.schema import Policy
-from nvtrain.launcher.dns import pod_name
+from nvtrain.launcher.dns import store_name
 from nvtrain.launcher.identity import Identity
 from nvtrain.nvrx import NvrxVersion
 
-__all__ = ["LAUNCHER_MODULE", "LaunchPlan", "build_plan"]
+__all__ = ["LAUNCHER_MODULE", "LaunchPlan", "build_plan", "rendezvous_id"]
 
 LAUNCHER_MODULE = "nvidia_resiliency_ext.fault_tolerance.launcher"
 
@@ -30,7 +30,8 @@ class LaunchPlan:
     endpoint: str
     is_host: bool
     wait_for: str | None
-    """DNS name that must resolve before the launch (pod 0's name); None when standalone."""
+    """DNS name that must resolve before the launch (the store's host: pod 0 or the control pod);
+    None when standalone."""
     stop_timeout: float
     """Seconds between forwarding SIGTERM and killing what is left."""
     env_defaults: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -44,6 +45,12 @@ class LaunchPlan:
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
+
+
+def rendezvous_id(policy: Policy) -> str:
+    """The rendezvous id when the store lives in the control pod: the job's name (the run id,
+    the Job's uid, is not known to the control pod; the store lives as long as that pod)."""
+    return policy.job.name
 
 
 def _seconds(value: float) -> str:
@@ -65,8 +72,12 @@ def build_plan(
     if identity.standalone:
         host, wait_for = "127.0.0.1", None
     else:
-        host = wait_for = pod_name(policy, 0)
-    is_host = identity.node_rank == 0
+        host = wait_for = store_name(policy)
+    control = r.store == "control" and not identity.standalone
+    # With a control pod no training pod hosts the store, and the rendezvous is named after the
+    # job: the control pod belongs to another Kubernetes Job and cannot read this one's uid.
+    is_host = identity.node_rank == 0 and not control
+    rdzv_id = rendezvous_id(policy) if control else identity.run_id
     endpoint = f"{host}:{r.port}"
     rdzv_conf = [f"is_host={int(is_host)}", f"join_timeout={math.ceil(r.join_timeout)}"]
     if nvrx.barrier_rendezvous:
@@ -79,7 +90,7 @@ def build_plan(
         f"--nproc-per-node={job.nproc_per_node}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={endpoint}",
-        f"--rdzv-id={identity.run_id}",
+        f"--rdzv-id={rdzv_id}",
         f"--rdzv-conf={','.join(rdzv_conf)}",
         f"--max-restarts={policy.restart.in_job.max_restarts}",
         f"--monitor-interval={_seconds(min(hb.monitor_interval, 1.0))}",

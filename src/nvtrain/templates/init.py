@@ -57,6 +57,7 @@ _VALUES: dict[str, dict[str, str]] = {
         "min_nodes": "2",
         "dns_timeout": '"5m"',
         "join_timeout": '"15m"',
+        "store": '"pod0"',
     },
     "heartbeat": {
         "initial_timeout": '"20m"',

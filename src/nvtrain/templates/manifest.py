@@ -7,6 +7,8 @@ policy does not hold (image, resources, storage), these objects in one multi-doc
   hash of the text, so a changed policy never reaches the pods of a Job already running);
 - the headless Service that gives pod *i* its DNS name ``<job>-<i>.<service>.<namespace>...``;
 - a NetworkPolicy: the job's pods accept traffic only from pods of the same job;
+- with ``[rendezvous] store = "control"`` (and 2 or more nodes), a Job ``<job>-control`` whose
+  one small CPU pod runs ``nvtrain control /etc/nvtrain/policy.toml``: the rendezvous store;
 - an Indexed ``batch/v1`` Job whose pods run ``nvtrain run /etc/nvtrain/policy.toml``, or, with
   ``jobset=True``, a ``jobset.x-k8s.io/v1alpha2`` JobSet around the same Job template.
 
@@ -30,19 +32,26 @@ import yaml
 
 from nvtrain.config.schema import Policy
 from nvtrain.errors import ConfigError, ExitCode, UsageError
+from nvtrain.launcher.dns import CONTROL_SUFFIX
 
 __all__ = [
+    "COMPONENT_LABEL",
     "CONTAINER",
+    "CONTROL_CONTAINER",
+    "CONTROL_RESOURCES",
     "GRACE_MARGIN",
     "NEVER_RETRY",
     "POLICY_FILE",
     "POLICY_MOUNT",
     "ManifestOptions",
     "Rendered",
+    "control_job_name",
     "dump",
     "grace_period",
+    "has_control_job",
     "manifest_from_file",
     "render",
+    "selector",
 ]
 
 CONTAINER = "trainer"
@@ -50,6 +59,23 @@ CONTAINER = "trainer"
 
 POLICY_MOUNT = "/etc/nvtrain"
 POLICY_FILE = "policy.toml"
+
+CONTROL_CONTAINER = "control"
+"""Name of the container of the control pod (``[rendezvous] store = "control"``)."""
+
+COMPONENT_LABEL = "app.kubernetes.io/component"
+"""Set to ``control`` on the control Job and its pod only (the training pods keep the labels
+they always had); ``kubectl logs -l app.kubernetes.io/component=control`` finds the store."""
+
+CONTROL_RESOURCES: dict[str, dict[str, str]] = {
+    "requests": {"cpu": "250m", "memory": "1Gi"},
+    "limits": {"memory": "2Gi"},
+}
+"""The control pod's resources. It runs the training image, and importing PyTorch alone takes a
+few hundred MiB (220 MiB for a CPU build, more for a CUDA build); the store's keys are small.
+Requesting 1Gi keeps the pod below its request, so it is among the last evicted when a node runs
+short of memory (losing it loses the store); the 2Gi limit caps a leak. No CPU limit: a
+throttled store delays every launcher's rendezvous and heartbeat calls."""
 
 GRACE_MARGIN = 30
 """Seconds the pod's grace period adds to ``[job] stop_timeout``. On SIGTERM ``nvtrain run``
@@ -121,7 +147,8 @@ class ManifestOptions:
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Extra environment variables of the training container (e.g. NCCL settings)."""
     node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    """Node labels the pods must run on (``nodeSelector``)."""
+    """Node labels the training pods must run on (``nodeSelector``). Not the control pod's: it
+    needs no GPU node."""
 
 
 def grace_period(policy: Policy) -> int:
@@ -134,8 +161,22 @@ def selector(policy: Policy) -> dict[str, str]:
     return {"app.kubernetes.io/name": "nvtrain", "app.kubernetes.io/instance": policy.job.name}
 
 
-def _labels(policy: Policy, options: ManifestOptions) -> dict[str, str]:
-    return {**selector(policy), "app.kubernetes.io/managed-by": "nvtrain", **options.labels}
+def _labels(policy: Policy, options: ManifestOptions, *, component: str | None = None) -> dict[str, str]:
+    own = {**selector(policy), "app.kubernetes.io/managed-by": "nvtrain"}
+    if component is not None:
+        own[COMPONENT_LABEL] = component
+    return {**own, **options.labels}
+
+
+def has_control_job(policy: Policy) -> bool:
+    """Whether the manifests hold the control Job: ``[rendezvous] store = "control"`` and 2 or
+    more nodes (one node runs standalone on localhost, with no store to move)."""
+    return policy.rendezvous.store == "control" and policy.rendezvous.nodes >= 2
+
+
+def control_job_name(policy: Policy) -> str:
+    """``<job>-control``: the control Job, and its pod's hostname."""
+    return f"{policy.job.name}-{CONTROL_SUFFIX}"
 
 
 def _meta(name: str, policy: Policy, options: ManifestOptions) -> dict[str, Any]:
@@ -313,6 +354,8 @@ def _check(policy: Policy, options: ManifestOptions) -> None:
     _check_pairs("label", options.labels, _QUALIFIED, _LABEL_VALUE)
     _check_pairs("node selector", options.node_selector, _QUALIFIED, _LABEL_VALUE)
     reserved_labels = set(selector(policy)) | {"app.kubernetes.io/managed-by"}
+    if has_control_job(policy):
+        reserved_labels.add(COMPONENT_LABEL)
     clash = sorted(reserved_labels & set(options.labels))
     if clash:
         raise UsageError(f"label {clash[0]} is set by nvtrain", "choose another label name")
@@ -468,6 +511,80 @@ def job(policy: Policy, policy_text: str, options: ManifestOptions) -> dict[str,
     }
 
 
+def control_job(policy: Policy, policy_text: str, options: ManifestOptions) -> dict[str, Any]:
+    """The Job of the control pod ``<job>-control`` (``[rendezvous] store = "control"``): it runs
+    ``nvtrain control`` on the mounted policy, the rendezvous store that every training pod dials
+    at ``<job>-control.<service>...``. One small CPU pod: no GPUs, no checkpoint volume, no
+    ``/dev/shm``, and neither the GPU toleration nor ``--node-selector`` (they are the training
+    pods'). It keeps the Service's selector labels, so the headless Service gives it its DNS name
+    and the NetworkPolicy admits only the job's pods to it."""
+    port = policy.rendezvous.port
+    container: dict[str, Any] = {
+        "name": CONTROL_CONTAINER,
+        "image": _image(policy, options),
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["nvtrain", "control", f"{POLICY_MOUNT}/{POLICY_FILE}"],
+        "env": [_field_env("POD_IP", "status.podIP"), {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "ports": [{"name": "rendezvous", "containerPort": port, "protocol": "TCP"}],
+        "resources": {kind: dict(values) for kind, values in CONTROL_RESOURCES.items()},
+        "volumeMounts": [{"name": "policy", "mountPath": POLICY_MOUNT, "readOnly": True}],
+    }
+    pod = {
+        "metadata": {"labels": _labels(policy, options, component="control")},
+        "spec": {
+            "hostname": control_job_name(policy),
+            "subdomain": policy.service,
+            "restartPolicy": "Never",
+            # `nvtrain control` too gives the store process [job] stop_timeout after SIGTERM.
+            "terminationGracePeriodSeconds": grace_period(policy),
+            "enableServiceLinks": False,
+            "automountServiceAccountToken": False,
+            "containers": [container],
+            "volumes": [
+                {"name": "policy", "configMap": {"name": policy_configmap_name(policy, policy_text)}}
+            ],
+        },
+    }
+    metadata = _meta(control_job_name(policy), policy, options)
+    metadata["labels"] = _labels(policy, options, component="control")
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata,
+        "spec": {
+            "completions": 1,
+            "parallelism": 1,
+            "backoffLimit": options.backoff_limit,
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        # Exit 2: the policy is invalid, and a new pod would read the same one.
+                        "action": "FailJob",
+                        "onExitCodes": {
+                            "containerName": CONTROL_CONTAINER,
+                            "operator": "In",
+                            "values": [int(ExitCode.USAGE)],
+                        },
+                        "onPodConditions": [],  # required by the 1.28 schema (see pod_failure_policy)
+                    },
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                ]
+            },
+            "template": pod,
+        },
+    }
+
+
+def _refuse_jobset_with_control(policy: Policy) -> None:
+    raise UsageError(
+        '--jobset cannot be used with [rendezvous] store = "control": JobSet names its pods '
+        "itself and its headless Service selects pods by JobSet name, so the control pod "
+        f"{control_job_name(policy)} would get no DNS name and the training pods could not reach "
+        "the rendezvous store",
+        'render the plain Job (leave out --jobset), or set store = "pod0" in [rendezvous]',
+    )
+
+
 def jobset_names(policy: Policy) -> tuple[str, str]:
     """(JobSet name, replicated job name) whose pods are named ``<job name>-<index>``.
 
@@ -529,15 +646,18 @@ def render(policy: Policy, policy_text: str, options: ManifestOptions | None = N
     """Every object for ``policy`` (whose file text is ``policy_text``), in apply order."""
     options = options or ManifestOptions()
     _check(policy, options)
+    control = has_control_job(policy)
     objects = [configmap(policy, policy_text, options)]
     if options.jobset:
+        if control:
+            _refuse_jobset_with_control(policy)
         objects += [network_policy(policy, options), jobset(policy, policy_text, options)]
     else:
-        objects += [
-            service(policy, options),
-            network_policy(policy, options),
-            job(policy, policy_text, options),
-        ]
+        objects += [service(policy, options), network_policy(policy, options)]
+        if control:
+            # Before the workers: their launchers wait for the control pod's name to resolve.
+            objects.append(control_job(policy, policy_text, options))
+        objects.append(job(policy, policy_text, options))
     return objects
 
 

@@ -7,6 +7,11 @@ agrees with it. A manifest edited by hand, or rendered from an older policy, may
 checks read every YAML document of the file (a Job or a JobSet, with or without the other
 objects) and report, as findings with the file, line and YAML path, where it disagrees with the
 policy and where its grace period is shorter than the measured checkpoint write.
+
+With ``[rendezvous] store = "control"`` the manifest holds a second Job, ``<job>-control``, whose
+pod runs the rendezvous store: it is told apart from the training Job (by its name, or by its
+``nvtrain control`` command when there is no valid policy to name it), checked for what gives it
+its DNS name and what it runs, and never taken for the workload.
 """
 
 from __future__ import annotations
@@ -24,7 +29,16 @@ from nvtrain.config.duration import format_duration
 from nvtrain.config.findings import Finding, Severity, toml_value
 from nvtrain.config.load import read_source
 from nvtrain.config.schema import Policy
-from nvtrain.templates.manifest import GRACE_MARGIN, POLICY_FILE, grace_period
+from nvtrain.launcher.dns import control_name
+from nvtrain.templates.manifest import (
+    CONTROL_CONTAINER,
+    GRACE_MARGIN,
+    POLICY_FILE,
+    control_job_name,
+    grace_period,
+    has_control_job,
+    selector,
+)
 
 if TYPE_CHECKING:
     from nvtrain.config.validation import Validation
@@ -53,6 +67,12 @@ class _Missing:
 
 
 _MISSING = _Missing()
+
+
+def _runs_control(container: Any) -> bool:
+    """Whether ``container`` runs ``nvtrain control ...``."""
+    command = container.get("command") if isinstance(container, dict) else None
+    return isinstance(command, list) and command[:2] == ["nvtrain", "control"]
 
 
 def yaml_path(path: YamlPath) -> str:
@@ -168,7 +188,9 @@ class _Checker:
                 "[rendezvous] namespace",
                 "the pods look their peers up by DNS names in the policy's namespace",
             )
-        if kind == "Job":
+        if kind == "Job" and self.is_control(doc):
+            yield from self.control_job(doc)
+        elif kind == "Job":
             yield from self.job_spec(doc, ("spec",))
         elif kind == "JobSet":
             yield from self.jobset(doc)
@@ -201,6 +223,20 @@ class _Checker:
 
     def jobset(self, doc: _Doc) -> Iterator[Finding]:
         p = self.policy
+        if p is not None and has_control_job(p):
+            yield self.finding(
+                "warning",
+                "manifest-mismatch",
+                doc,
+                ("kind",),
+                "JobSet",
+                '[rendezvous] store = "control" needs the control pod '
+                f"{control_job_name(p)} beside the training pods, and a JobSet cannot hold it: "
+                "JobSet names its pods itself and its Service selects pods by JobSet name, so "
+                f"{control_name(p)} would never resolve",
+                "render the plain Job (`nvtrain manifest` without --jobset), or set "
+                'store = "pod0" in [rendezvous] and re-render',
+            )
         if p is not None:
             yield from self.mismatch(
                 doc,
@@ -260,6 +296,11 @@ class _Checker:
             "[rendezvous] service",
             "the pods dial pod 0 as <name>-0.<service>, a name that exists only with this subdomain",
         )
+        yield from self.ports(doc, pod, spec, "the rendezvous store on pod 0 listens on the policy's port")
+
+    def ports(self, doc: _Doc, pod: YamlPath, spec: dict[str, Any], why: str) -> Iterator[Finding]:
+        """The ``rendezvous`` container ports of the pod ``spec`` at ``pod``."""
+        assert self.policy is not None
         containers = spec.get("containers")
         for c, container in enumerate(containers if isinstance(containers, list) else []):
             ports = container.get("ports") if isinstance(container, dict) else None
@@ -269,10 +310,109 @@ class _Checker:
                         doc,
                         (*pod, "containers", c, "ports", i, "containerPort"),
                         port.get("containerPort", _MISSING),
-                        p.rendezvous.port,
+                        self.policy.rendezvous.port,
                         "[rendezvous] port",
-                        "the rendezvous store on pod 0 listens on the policy's port",
+                        why,
                     )
+
+    # -- the control Job ([rendezvous] store = "control") -------------------------------------
+
+    def is_control(self, doc: _Doc) -> bool:
+        """A Job named ``<job>-control``, or, whatever its name, one whose pod runs
+        ``nvtrain control``: the store's Job, not the training pods'."""
+        p = self.policy
+        if p is not None and _get(doc.data, ("metadata", "name")) == control_job_name(p):
+            return True
+        containers = _get(doc.data, ("spec", "template", "spec", "containers"))
+        return isinstance(containers, list) and any(_runs_control(c) for c in containers)
+
+    def control_job(self, doc: _Doc) -> Iterator[Finding]:
+        """The control Job against the policy. It saves no checkpoint, so its grace period is
+        not compared with the timings; without a valid policy there is nothing else to compare."""
+        p = self.policy
+        if p is None:
+            return
+        r = p.rendezvous
+        if not has_control_job(p):
+            yield self.finding(
+                "warning",
+                "manifest-mismatch",
+                doc,
+                ("metadata", "name"),
+                _get(doc.data, ("metadata", "name")),
+                "is a control Job, which nvtrain renders only with [rendezvous] store = "
+                f'"control" and 2 or more nodes (the policy has store = "{r.store}", nodes = '
+                f"{r.nodes}): the training pods never dial its store, and its pod only waits",
+                f"delete this Job from the file, or {self.rerender}",
+            )
+            return
+        template = ("spec", "template")
+        pod = (*template, "spec")
+        spec = _get(doc.data, pod)
+        if not isinstance(spec, dict):
+            yield self.shape(doc, pod, "has no pod template (a mapping)")
+            return
+        dns = (
+            f"the training pods dial the rendezvous store at {control_name(p)}, a name that the "
+            "control pod has only with this hostname and subdomain"
+        )
+        yield from self.mismatch(
+            doc, (*pod, "hostname"), spec.get("hostname", _MISSING), control_job_name(p), "[job] name", dns
+        )
+        yield from self.mismatch(
+            doc, (*pod, "subdomain"), spec.get("subdomain", _MISSING), p.service, "[rendezvous] service", dns
+        )
+        labels = _get(doc.data, (*template, "metadata", "labels"))
+        for key, value in selector(p).items():
+            found = labels.get(key, _MISSING) if isinstance(labels, dict) else _MISSING
+            yield from self.mismatch(
+                doc,
+                (*template, "metadata", "labels", key),
+                found,
+                value,
+                "[job] name" if key == "app.kubernetes.io/instance" else "nvtrain's Service selector",
+                f"the headless Service selects the job's pods by this label: without it {control_name(p)} "
+                "does not resolve, and the NetworkPolicy does not cover the control pod",
+            )
+        containers = spec.get("containers")
+        containers = containers if isinstance(containers, list) else []
+        if not any(_runs_control(c) for c in containers):
+            names = [c.get("name") if isinstance(c, dict) else None for c in containers]
+            c = names.index(CONTROL_CONTAINER) if CONTROL_CONTAINER in names else 0
+            path: YamlPath = (*pod, "containers", c, "command")
+            yield self.finding(
+                "warning",
+                "manifest-mismatch",
+                doc,
+                path,
+                _get(doc.data, path),
+                'is not `nvtrain control ...`: with [rendezvous] store = "control" this pod '
+                f"runs the rendezvous store that the training pods dial at {control_name(p)}",
+                f'set command to ["nvtrain", "control", "/etc/nvtrain/{POLICY_FILE}"], or {self.rerender}',
+            )
+        yield from self.ports(
+            doc, pod, spec, "the rendezvous store in the control pod listens on the policy's port"
+        )
+
+    def missing_control(self, docs: Sequence[_Doc]) -> Iterator[Finding]:
+        """The control Job that the policy needs and a plain-Job manifest lacks."""
+        p = self.policy
+        if p is None or not has_control_job(p):
+            return
+        kinds = [d.data.get("kind") for d in docs]
+        if "JobSet" in kinds or "Job" not in kinds or any(self.is_control(d) for d in docs):
+            return  # the JobSet, or a file with no Job, has its own finding
+        yield self.finding(
+            "warning",
+            "manifest-mismatch",
+            None,
+            (),
+            _MISSING,
+            f'has no control Job {control_job_name(p)}: [rendezvous] store = "control" runs the '
+            "rendezvous store in that Job's pod: the training pods wait for "
+            f"{control_name(p)} to resolve and exit 3 when [rendezvous] dns_timeout has passed",
+            self.rerender,
+        )
 
     def grace(self, doc: _Doc, path: YamlPath) -> Iterator[Finding]:
         value = _get(doc.data, path)
@@ -391,9 +531,10 @@ def check_manifest(
     """Every finding about the manifest at ``path``; never raises for bad input.
 
     With ``policy``: where the manifest disagrees with what ``nvtrain manifest`` renders from it
-    (pods, rendezvous port, Service, namespace, grace period; with ``policy_text`` also the
-    policy in the ConfigMap). With ``timings``: grace periods shorter than the measured
-    checkpoint write plus ``GRACE_MARGIN``."""
+    (pods, rendezvous port, Service, namespace, grace period, the control Job of
+    ``[rendezvous] store = "control"``; with ``policy_text`` also the policy in the ConfigMap).
+    With ``timings``: grace periods of the training pods shorter than the measured checkpoint
+    write plus ``GRACE_MARGIN``."""
     source = str(path)
     raw, problem = read_source(path, "check the path, or write the file with `nvtrain manifest -o FILE`")
     if raw is None:
@@ -420,14 +561,21 @@ def check_manifest(
     jobset = any(d.data.get("kind") == "JobSet" for d in docs)
     checker = _Checker(source, policy, policy_text, policy_source, timings, jobset)
     findings = [f for doc in docs for f in checker.document(doc)]
-    if not any(d.data.get("kind") in ("Job", "JobSet") for d in docs):
+    findings += checker.missing_control(docs)
+    workloads = [
+        d
+        for d in docs
+        if d.data.get("kind") == "JobSet" or (d.data.get("kind") == "Job" and not checker.is_control(d))
+    ]
+    if not workloads:
+        only_control = " of training pods" if any(d.data.get("kind") == "Job" for d in docs) else ""
         findings.append(
             Finding(
                 "error",
                 "manifest-no-job",
                 "",
                 None,
-                f"holds no Job or JobSet ({_kinds(docs)}): there is no pod template to check",
+                f"holds no Job or JobSet{only_control} ({_kinds(docs)}): there is no pod template to check",
                 "give the file that `nvtrain manifest` writes (its Job or JobSet is the last document)",
                 file=source,
             )
