@@ -16,12 +16,14 @@ step resumed from.
     python3 benchmarks/recovery/pod0_loss.py --write-hosts --kill-pod 1 --out /tmp/p1
     # NVRx 0.6+: the store in a third pod running `nvtrain control` (127.0.0.3, pod0loss-control)
     python3 benchmarks/recovery/pod0_loss.py --write-hosts --store control --out /tmp/pc
+    # NVRx 0.6+ hot spare: 3 pods, 2 train, pod 0 lost for good
+    python3 benchmarks/recovery/pod0_loss.py --write-hosts --nodes 3 --min-nodes 2 --down -1 --store control
     PYTHONPATH=<NVRx 0.7.0 dir> python3 benchmarks/recovery/pod0_loss.py --write-hosts --in-process
     # elsewhere: each pod gets a private /etc/hosts (unshare --mount + bind mount)
     .venv/bin/python benchmarks/recovery/pod0_loss.py --out /tmp/p0
 
 Pod logs are left in ``--out`` (``pod<i>-<incarnation>.log``, plus ``ckpt/<run id>/events.jsonl``).
-Exit status: 0 when both pods' last processes exited 0, 1 otherwise.
+Exit status: 0 when every pod's last process exited 0, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ import psutil
 
 JOB, DOMAIN = "pod0loss", "nvtrain.test"
 CONTROL = "control"
-ADDRESSES: dict[int | str, str] = {0: "127.0.0.1", 1: "127.0.0.2", CONTROL: "127.0.0.3"}
+ADDRESSES: dict[int | str, str] = {0: "127.0.0.1", 1: "127.0.0.2", CONTROL: "127.0.0.3", 2: "127.0.0.4"}
 TOKEN_VAR = "POD_LOSS_TOKEN"
 _DROPPED: tuple[str, ...] = ("TORCHELASTIC_", "NVTRAIN_", "PET_", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 _DROPPED += ("MASTER_", "JOB_COMPLETION_INDEX", "POD_IP", "HOSTNAME")
@@ -78,8 +80,8 @@ stop_timeout = "10s"
 collective_timeout = "15s"
 
 [rendezvous]
-nodes = 2
-min_nodes = 2
+nodes = {args.nodes}
+min_nodes = {args.min_nodes or args.nodes}
 cluster_domain = "{DOMAIN}"
 port = {free_port()}
 dns_timeout = "60s"
@@ -216,13 +218,13 @@ def run(args: argparse.Namespace, out: Path, tmp: Path, prefix: list[str]) -> di
         sys.exit(f"pod0_loss: nvtrain validate rejected {policy}:\n{check.stdout}{check.stderr}")
     events_path = out / "ckpt" / run_id / "events.jsonl"
     argv = [*prefix, sys.executable, "-m", "nvtrain", "run", str(policy), "--run-id", run_id]
-    victim, other = args.kill_pod, 1 - args.kill_pod
+    victim = args.kill_pod
     control = None
     if args.store == CONTROL:  # the store's own pod, started first as in the manifest's order
         control = Pod(
             CONTROL, 0, [*prefix, sys.executable, "-m", "nvtrain", "control", str(policy)], out, tmp
         )
-    pods = {i: Pod(i, 0, argv, out, tmp) for i in (0, 1)}
+    pods = {i: Pod(i, 0, argv, out, tmp) for i in range(args.nodes)}
     started = time.monotonic()
     all_pods = list(pods.values()) + ([control] if control else [])
     try:
@@ -242,12 +244,15 @@ def run(args: argparse.Namespace, out: Path, tmp: Path, prefix: list[str]) -> di
         killed_at = time.time()
         killed = pods[victim].kill()
         print(f"pod0_loss: killed pod {victim} ({killed} processes) at step {step_at_kill}", flush=True)
-        time.sleep(args.down)
-        pods[victim] = Pod(victim, 1, argv, out, tmp)
-        all_pods.append(pods[victim])
+        if args.down >= 0:
+            time.sleep(args.down)
+            pods[victim] = Pod(victim, 1, argv, out, tmp)
+            all_pods.append(pods[victim])
+        else:  # a node lost for good: the others (a hot spare among them) must carry on
+            del pods[victim]
         restarted_at = time.time()
         finished = wait_until(
-            "both pods to exit",
+            "every pod to exit",
             time.monotonic() + args.timeout,
             lambda: all(p.proc.poll() is not None for p in pods.values()),
         )
@@ -282,8 +287,8 @@ def run(args: argparse.Namespace, out: Path, tmp: Path, prefix: list[str]) -> di
         "in_process": args.in_process,
         "step_at_kill": step_at_kill,
         "exit_codes": {
-            f"pod{other}": pods[other].proc.returncode,
-            f"pod{victim}_restarted": pods[victim].proc.returncode,
+            (f"pod{i}_restarted" if i == victim else f"pod{i}"): pod.proc.returncode
+            for i, pod in pods.items()
         }
         | ({"control": control.proc.returncode} if control else {}),
         "finished_in_time": finished,
@@ -301,9 +306,21 @@ def run(args: argparse.Namespace, out: Path, tmp: Path, prefix: list[str]) -> di
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kill-pod", type=int, choices=(0, 1), default=0, help="pod to kill (default 0)")
+    parser.add_argument("--kill-pod", type=int, choices=(0, 1, 2), default=0, help="pod to kill (default 0)")
+    parser.add_argument("--nodes", type=int, choices=(2, 3), default=2, help="[rendezvous] nodes")
+    parser.add_argument(
+        "--min-nodes",
+        type=int,
+        default=None,
+        help="[rendezvous] min_nodes (below --nodes: hot spares on 0.6+)",
+    )
     parser.add_argument("--kill-at", type=int, default=40, help="kill once the events log shows this step")
-    parser.add_argument("--down", type=float, default=5.0, help="seconds between the kill and the restart")
+    parser.add_argument(
+        "--down",
+        type=float,
+        default=5.0,
+        help="seconds between the kill and the restart; < 0: never restarted",
+    )
     parser.add_argument("--timeout", type=float, default=400.0, help="seconds to wait for each phase")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--step-time", type=float, default=0.1)
