@@ -9,12 +9,9 @@ set -u
 out=$1; shift
 mkdir -p "$out"
 common=$1
+. "$(dirname "$0")/nvrx_site.sh"
 for dir in "$@"; do
-  site=/tmp/site-$(basename "$dir")
-  rm -rf "$site"
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
-    $(ls "$common"/*.whl | grep -v nvidia_resiliency_ext) "$dir"/nvidia_resiliency_ext-*.whl || exit 1
-  version=$(PYTHONPATH=$site python3 -c "import importlib.metadata as m; print(m.version('nvidia-resiliency-ext'))")
+  nvrx_site "$common" "$dir" || exit 1
   echo "== NVRx $version"
   PYTHONPATH=$site:$PWD/src PATH=$site/bin:$PATH PYTHONUNBUFFERED=1 \
     python3 benchmarks/recovery/side_by_side.py --nproc "${NPROC:-2}" --backend nccl --demo-args "--width 4096" \

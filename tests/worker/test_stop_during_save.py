@@ -10,14 +10,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-from worker_helpers import child_env, free_port_pair, kill_token, read_events, write_policy
+from worker_helpers import free_port_pair, kill_token, read_events, start_nvtrain, write_policy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -56,15 +54,7 @@ def test_sigterm_during_an_async_write_commits_it_then_exits_143(tmp_path: Path)
     token = uuid.uuid4().hex
     run_id = "stop-during-save"
     events_path = checkpoints / run_id / "events.jsonl"
-    with (tmp_path / "out.txt").open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "nvtrain", "run", str(policy), "--run-id", run_id],
-            cwd=tmp_path,
-            env=child_env(token),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    proc = start_nvtrain(policy, run_id, tmp_path, tmp_path / "out.txt", token)
     try:
         deadline = time.monotonic() + 150
         staged: set[int] = set()

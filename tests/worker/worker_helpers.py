@@ -157,15 +157,14 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     return events_in(path) if path.is_file() else []
 
 
-def run_nvtrain(policy: Path, run_id: str, checkpoint_dir: Path, cwd: Path, timeout: float) -> RunResult:
-    """``python -m nvtrain run POLICY --run-id ID`` to its end, or ``timeout`` seconds; whatever
-    is left is killed, pass or fail."""
-    token = uuid.uuid4().hex
-    out_path = cwd / f"{run_id}.out"
+def start_nvtrain(
+    policy: Path, run_id: str, cwd: Path, out_path: Path, token: str
+) -> subprocess.Popen[bytes]:
+    """Start ``python -m nvtrain run POLICY --run-id ID`` in a session of its own, its output
+    in ``out_path`` and ``token`` in its environment (``kill_token`` finds what it leaves)."""
     argv = [sys.executable, "-m", "nvtrain", "run", str(policy), "--run-id", run_id]
-    started = time.monotonic()
     with out_path.open("wb") as out:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             argv,
             cwd=cwd,
             env=child_env(token),
@@ -173,6 +172,15 @@ def run_nvtrain(policy: Path, run_id: str, checkpoint_dir: Path, cwd: Path, time
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+
+def run_nvtrain(policy: Path, run_id: str, checkpoint_dir: Path, cwd: Path, timeout: float) -> RunResult:
+    """``python -m nvtrain run POLICY --run-id ID`` to its end, or ``timeout`` seconds; whatever
+    is left is killed, pass or fail."""
+    token = uuid.uuid4().hex
+    out_path = cwd / f"{run_id}.out"
+    started = time.monotonic()
+    proc = start_nvtrain(policy, run_id, cwd, out_path, token)
     try:
         try:
             code = proc.wait(timeout=timeout)
