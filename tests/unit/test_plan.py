@@ -505,3 +505,33 @@ def test_nvrx_version_properties() -> None:
     assert (V041.has_control_plane, V060.has_control_plane, V070.has_control_plane) == (False, True, True)
     with pytest.raises(ValueError, match="not an NVRx version"):
         NvrxVersion.parse("latest")
+
+
+def test_each_launcher_has_its_own_state_folder(tmp_path: Path) -> None:
+    """Two launchers of the same run and node on one machine (e.g. two test runs) keep the
+    resolved policy in different folders, so one ending (it removes its folder) cannot take
+    the other's policy away."""
+    import multiprocessing
+
+    from nvtrain.launcher.supervisor import prepare
+
+    policy = Policy.model_validate(
+        {"job": {"name": "llm-train", "script": "train.py"}, "checkpoint": {"dir": str(tmp_path)}}
+    )
+    _, mine = prepare(policy, standalone_identity(), nvrx=V041)
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        theirs = pool.apply(_state_dir_in_another_process, (str(tmp_path),))
+    assert mine.policy.parent == mine.state_dir
+    assert mine.state_dir.name.startswith(f"nvtrain-{RUN_ID}-node0-")
+    assert Path(theirs).name.startswith(f"nvtrain-{RUN_ID}-node0-")
+    assert Path(theirs) != mine.state_dir
+    assert mine.run_dir == tmp_path / RUN_ID  # the checkpoints stay shared
+
+
+def _state_dir_in_another_process(checkpoint_dir: str) -> str:
+    from nvtrain.launcher.supervisor import prepare
+
+    policy = Policy.model_validate(
+        {"job": {"name": "llm-train", "script": "train.py"}, "checkpoint": {"dir": checkpoint_dir}}
+    )
+    return str(prepare(policy, standalone_identity(), nvrx=V041)[1].state_dir)

@@ -1,4 +1,4 @@
-"""``nvtrain manifest``: Kubernetes objects for a policy (Job or JobSet, Service, NetworkPolicy)."""
+"""``nvtrain manifest``: the Kubernetes objects of a policy (Jobs or JobSet, Service, NetworkPolicy)."""
 
 from __future__ import annotations
 
@@ -118,7 +118,8 @@ def command(
     ] = False,
 ) -> None:
     """Render the Kubernetes objects of POLICY as YAML: ConfigMap (the policy), headless Service,
-    NetworkPolicy and an Indexed Job that runs `nvtrain run` on every node.
+    NetworkPolicy and an Indexed Job that runs `nvtrain run` on every node; with
+    `[rendezvous] store = "control"` also a Job `<job>-control` that runs `nvtrain control`.
 
     Names, namespace, nodes, port, grace period and checkpoint mount come from the policy.
     Exit 2 on an invalid policy or options.

@@ -86,7 +86,9 @@ def prepare(
             "install it in the training image: pip install 'nvtrain[worker]'",
         )
     run_dir = Path(policy.checkpoint.dir) / identity.run_id
-    state = Path(tempfile.gettempdir()) / f"nvtrain-{identity.run_id}-node{identity.node_rank}"
+    # One folder per launcher process: a second launcher of the same run and node on this
+    # machine (a test, a stray local start) must not overwrite or delete this one's policy.
+    state = Path(tempfile.gettempdir()) / f"nvtrain-{identity.run_id}-node{identity.node_rank}-{os.getpid()}"
     paths = RunPaths(run_dir, run_dir / "events.jsonl", state, state / "policy.json")
     plan = build_plan(
         policy,
