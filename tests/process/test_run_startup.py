@@ -6,6 +6,7 @@ Nothing may be started in these cases: no ft_launcher process, no events file, n
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -138,14 +139,19 @@ def test_unwritable_checkpoint_dir_is_a_clear_error(tmp_path: Path) -> None:
         '[job]\nname = "ro"\nmodule = "nvtrain.demo"\n'
         f'[checkpoint]\ndir = "{blocker}/ckpt"\n[restart.in_process]\nenabled = false\n'
     )
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
     result = subprocess.run(
         [sys.executable, "-m", "nvtrain", "run", str(policy), "--run-id", "ro-1"],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
+        env={**os.environ, "TMPDIR": str(tmpdir)},
     )
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     assert f'[checkpoint] dir = "{blocker}/ckpt"' in result.stderr
     assert "fix:" in result.stderr
+    # The refused start leaves no state behind (the resolved policy's folder is never made).
+    assert list(tmpdir.iterdir()) == []

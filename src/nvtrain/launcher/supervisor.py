@@ -103,11 +103,8 @@ def prepare(
 
 
 def write_state(policy: Policy, paths: RunPaths) -> None:
-    """Write the resolved policy (JSON) that the workers read through ``NVTRAIN_POLICY``."""
-    paths.state_dir.mkdir(parents=True, exist_ok=True)
-    tmp = paths.policy.with_suffix(".tmp")
-    tmp.write_text(policy.model_dump_json(by_alias=True), encoding="utf-8")
-    os.replace(tmp, paths.policy)
+    """Write the resolved policy (JSON) that the workers read through ``NVTRAIN_POLICY``,
+    after checking that the run's folder can be written (so a refused start leaves nothing)."""
     try:
         paths.run_dir.mkdir(parents=True, exist_ok=True)
         probe = paths.run_dir / f".write-test-{os.getpid()}"
@@ -119,6 +116,10 @@ def write_state(policy: Policy, paths: RunPaths) -> None:
             f"folder {paths.run_dir} ({exc.strerror or exc})",
             "point [checkpoint] dir at storage this pod can write (the shared checkpoint volume)",
         ) from None
+    paths.state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = paths.policy.with_suffix(".tmp")
+    tmp.write_text(policy.model_dump_json(by_alias=True), encoding="utf-8")
+    os.replace(tmp, paths.policy)
 
 
 class _Watch:
@@ -260,7 +261,11 @@ def supervise(
     out = out or sys.stdout
     nvrx = installed_nvrx()
     write_state(policy, paths)
-    metrics = _serve_metrics(policy, identity, paths)
+    try:
+        metrics = _serve_metrics(policy, identity, paths)
+    except BaseException:
+        shutil.rmtree(paths.state_dir, ignore_errors=True)
+        raise
     events = EventLog(paths.events, node=identity.node_rank, run_id=identity.run_id, source="launcher")
     watch = _Watch(policy, events, report or (lambda event, fields: None))
     shown = {"metrics_port": metrics.port} if metrics else {}
