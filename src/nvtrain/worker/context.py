@@ -64,6 +64,8 @@ class Context:
         self._last_step: tuple[int, float, float | None] | None = None
         """(step, wall time, seconds it took) of the last completed step."""
         self._last_logged: int | None = None
+        # The main thread (leaving an attempt) and NVRx's abort thread both log the last step.
+        self._log_lock = threading.Lock()
 
     def checkpointer(
         self,
@@ -135,21 +137,24 @@ class Context:
     def log_last_step(self) -> None:
         """At the end of an attempt (a fault, or the end of training): log the last completed
         step if sampling skipped it, stamped with the time it completed, so the report counts
-        exactly the steps that were run (and those a restart rolls back)."""
-        if self.events is None or self._last_step is None or self._last_step[0] == self._last_logged:
-            return
-        step, wall, took = self._last_step
-        self.events.emit(
-            "step",
-            ts=round(wall, 6),
-            step=step,
-            rank=self.rank,
-            step_s=took if took is not None else 0.0,
-            attempt=self.iteration,
-            restart_count=self.restart_count,
-            unsampled=True,
-        )
-        self._last_logged = step
+        exactly the steps that were run (and those a restart rolls back). Logs each step once,
+        whichever thread comes first."""
+        with self._log_lock:
+            last = self._last_step
+            if self.events is None or last is None or last[0] == self._last_logged:
+                return
+            step, wall, took = last
+            self.events.emit(
+                "step",
+                ts=round(wall, 6),
+                step=step,
+                rank=self.rank,
+                step_s=took if took is not None else 0.0,
+                attempt=self.iteration,
+                restart_count=self.restart_count,
+                unsampled=True,
+            )
+            self._last_logged = step
 
     @contextlib.contextmanager
     def section(self, limit: float | None = None) -> Iterator[None]:

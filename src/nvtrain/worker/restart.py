@@ -236,12 +236,18 @@ def _run_in_process(
     abort_collectives = inprocess.abort.AbortTorchDistributed()  # NVRx's default abort
 
     class _SettleThenAbort(inprocess.abort.Abort):  # type: ignore[misc]
-        """The healthy ranks' side of keeping the save in flight: wait for it, then abort."""
+        """The healthy ranks' side of keeping the save in flight: wait for it, then abort.
+
+        The last step is logged here too: a main thread blocked in a collective for longer than
+        the soft timeout gets NVRx's interruption raised again and again once it returns, which
+        can cut its own logging short; this (NVRx's monitor) thread is not interrupted."""
 
         def __call__(self, state: Any) -> Any:
             ctx = _Current.context
             if ctx is not None:
                 with contextlib.suppress(Exception):  # the abort must happen whatever
+                    ctx.log_last_step()
+                with contextlib.suppress(Exception):
                     ctx.settle(settle_limit(settings.policy))
             return abort_collectives(state)
 
