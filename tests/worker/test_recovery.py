@@ -219,12 +219,22 @@ def test_hard_fault_is_recovered_by_an_in_job_restart(
         for e in events
         if e["event"] == "worker_failed" and e["worker_pid"] == fault["pid"] and e["ts"] < until
     ]
-    assert len(failed) == 1, failed
-    assert (failed[0]["exit_code"], failed[0]["signal"], failed[0]["local_rank"]) == (
-        exit_code,
-        signal,
-        fault["rank"],
-    )
+    if kind == "sigterm" and not failed:
+        # A worker stopping on SIGTERM leaves through NVRx's wrapper, which holds it at its
+        # iteration barrier until the peer joins; the peer, blocked in a gloo collective until
+        # collective_timeout, then restarts in process without it and may exit before it does
+        # (seen in CI), so ft_launcher reports the peer. The stop itself must still come first.
+        stopped = [e for e in events if e["event"] == "worker_stopped" and e["pid"] == fault["pid"]]
+        failed = [e for e in events if e["event"] == "worker_failed" and fault["ts"] < e["ts"] < until]
+        assert stopped and failed and stopped[0]["ts"] <= failed[0]["ts"], (stopped, failed)
+        assert failed[0]["local_rank"] == 1 - fault["rank"], failed
+    else:
+        assert len(failed) == 1, failed
+        assert (failed[0]["exit_code"], failed[0]["signal"], failed[0]["local_rank"]) == (
+            exit_code,
+            signal,
+            fault["rank"],
+        )
     restarts = [
         e
         for e in events
