@@ -338,6 +338,10 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="directory for logs (default: a new temp dir)")
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
     args = parser.parse_args()
+    if args.kill_pod >= args.nodes:
+        parser.error(
+            f"--kill-pod {args.kill_pod}: there are only pods 0-{args.nodes - 1} (--nodes {args.nodes})"
+        )
     out = (args.out or Path(tempfile.mkdtemp(prefix="pod0loss-"))).resolve()
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="p0l-"))  # short: ft_launcher puts Unix sockets here

@@ -264,10 +264,15 @@ def with_hosts(directory: Path, names: Sequence[str], address: str = "127.0.0.1"
     return prefix
 
 
+# Read at import time, as tests/multinode/conftest.py does: the root conftest clears every
+# NVTRAIN_* variable around each test, so a read inside the test would never see it.
+_REQUIRE = os.environ.get("NVTRAIN_MULTINODE", "").strip().lower() == "require"
+
+
 def _not_here(reason: str) -> None:
     """Skip, or fail where the environment promises mount namespaces: CI sets
     NVTRAIN_MULTINODE=require (as for the multi-node tests), so these tests cannot silently vanish."""
-    if os.environ.get("NVTRAIN_MULTINODE", "").strip().lower() == "require":
+    if _REQUIRE:
         pytest.fail(reason + " (NVTRAIN_MULTINODE=require)", pytrace=False)
     pytest.skip(reason)
 

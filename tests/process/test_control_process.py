@@ -22,13 +22,16 @@ import pytest
 pytestmark = pytest.mark.timeout(120)
 
 # The stand-in store: starts a grandchild in a session of its own (as NVRx's helpers detach),
-# says so, then exits with argv[1], or ignores SIGTERM and sleeps when argv[1] is "stubborn".
+# says so, then exits with argv[1], or ignores SIGTERM and sleeps when argv[1] is "stubborn"
+# (SIGTERM is ignored before the line is printed: the test signals as soon as it reads it).
 STORE = r"""
 import os, signal, subprocess, sys, time
+stubborn = sys.argv[1] == "stubborn"
+if stubborn:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 g = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
 print(f"STORE pid={os.getpid()} grandchild={g.pid}", flush=True)
-if sys.argv[1] == "stubborn":
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if stubborn:
     time.sleep(300)
 sys.exit(int(sys.argv[1]))
 """

@@ -101,3 +101,5 @@ def test_a_port_in_use_is_exit_2_before_anything_starts(nvtrain: NvtrainRunner, 
     assert f"[metrics] port = {port}" in run.stderr and "fix:" in run.stderr, run.describe()
     assert "Traceback" not in run.stderr
     assert not run.launcher_seen(), run.describe()
+    # The refused start leaves no state behind in its private TMPDIR (the resolved policy's folder).
+    assert [p.name for p in nvtrain.tmpdir.glob("nvtrain-*")] == []

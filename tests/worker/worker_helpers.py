@@ -200,9 +200,9 @@ def run_nvtrain(policy: Path, run_id: str, checkpoint_dir: Path, cwd: Path, time
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         kill_token(token)
-        # nvtrain keeps the resolved policy in <tmp>/nvtrain-<run id>-node0-<launcher pid>.
-        for state in Path(tempfile.gettempdir()).glob(f"nvtrain-{run_id}-node0-*"):
-            shutil.rmtree(state, ignore_errors=True)
+        # nvtrain keeps the resolved policy in <tmp>/nvtrain-<run id>-node0-<its pid>; only this
+        # launcher's is removed (another run of the same id may be using its own).
+        shutil.rmtree(Path(tempfile.gettempdir()) / f"nvtrain-{run_id}-node0-{proc.pid}", ignore_errors=True)
     output = out_path.read_text(encoding="utf-8", errors="replace")
     return RunResult(code, output, checkpoint_dir / run_id, time.monotonic() - started)
 
