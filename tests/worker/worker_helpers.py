@@ -124,11 +124,15 @@ def kill_token(token: str) -> list[int]:
 class RunResult:
     """What one ``nvtrain run`` left: exit code, output, events."""
 
-    def __init__(self, code: int, output: str, run_dir: Path, seconds: float) -> None:
+    def __init__(
+        self, code: int, output: str, run_dir: Path, seconds: float, leftovers: Sequence[str] = ()
+    ) -> None:
         self.code = code
         self.output = output
         self.run_dir = run_dir
         self.seconds = seconds
+        self.leftovers = list(leftovers)
+        """Processes of the run still alive when ``nvtrain run`` had exited (then killed)."""
 
     @property
     def events(self) -> list[dict[str, Any]]:
@@ -199,12 +203,19 @@ def run_nvtrain(policy: Path, run_id: str, checkpoint_dir: Path, cwd: Path, time
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        leftovers = [_describe(p) for p in processes_with_token(token)]
         kill_token(token)
         # nvtrain keeps the resolved policy in <tmp>/nvtrain-<run id>-node0-<its pid>; only this
         # launcher's is removed (another run of the same id may be using its own).
         shutil.rmtree(Path(tempfile.gettempdir()) / f"nvtrain-{run_id}-node0-{proc.pid}", ignore_errors=True)
     output = out_path.read_text(encoding="utf-8", errors="replace")
-    return RunResult(code, output, checkpoint_dir / run_id, time.monotonic() - started)
+    return RunResult(code, output, checkpoint_dir / run_id, time.monotonic() - started, leftovers)
+
+
+def _describe(proc: psutil.Process) -> str:
+    with contextlib.suppress(psutil.Error):
+        return f"{proc.pid} {' '.join(proc.cmdline())[:200]}"
+    return str(proc.pid)
 
 
 def run_python(

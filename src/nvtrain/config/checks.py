@@ -263,6 +263,28 @@ def _in_process(p: Policy) -> Iterator[Finding]:
             "or ft_launcher restarts the workers before the in-process layer acts",
             f'lower hard_timeout below "{_d(p.heartbeat.timeout)}" or raise the heartbeat timeout',
         )
+    if ip.failure_window is not None and ip.failure_window >= ip.soft_timeout:
+        yield _f(
+            "error",
+            "timeout-order",
+            table,
+            "failure_window",
+            ip.failure_window,
+            f"must be shorter than soft_timeout ({_d(ip.soft_timeout)}): every soft fault waits "
+            "this long before it is handled",
+            'use a fraction of a second, e.g. "100ms"',
+        )
+    elif ip.failure_window is not None and ip.failure_window > 5.0:
+        yield _f(
+            "warning",
+            "slow-recovery",
+            table,
+            "failure_window",
+            ip.failure_window,
+            "every in-process restart waits this long before it starts; ranks that fail together "
+            "report within a fraction of a second of each other",
+            'use "100ms" unless measured failures of one fault are spread wider',
+        )
     collective = p.job.collective_timeout
     backend = p.job.backend
     if backend == "auto":  # what the workers will pick: gloo for CPU jobs, NCCL on GPUs

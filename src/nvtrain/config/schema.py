@@ -51,7 +51,7 @@ def _no_items() -> list[Any]:
     return []
 
 
-FaultKind = Literal["exception", "hang", "collective_hang", "sigkill", "oom", "sigterm"]
+FaultKind = Literal["exception", "hang", "collective_hang", "sigkill", "collective_sigkill", "oom", "sigterm"]
 
 
 class Job(BaseModel):
@@ -175,6 +175,19 @@ class InProcessRestart(BaseModel):
     min_world_size: int = Field(default=1, ge=1)
     """Fewest ranks the in-process layer may continue with. Unit: ranks."""
 
+    failure_window: Duration | None = None
+    """After the first rank fails, how long the in-process layer waits for other ranks' failures
+    to join the same restart (NVRx's `last_call_wait`). Every soft fault waits this long before
+    it is handled; failures further apart than this cost one restart each. Default: `"100ms"`,
+    or a quarter of `soft_timeout` when that is shorter."""
+
+    @property
+    def window(self) -> float:
+        """``failure_window`` in seconds, its default filled in."""
+        if self.failure_window is not None:
+            return self.failure_window
+        return min(0.1, self.soft_timeout / 4)
+
 
 class InJobRestart(BaseModel):
     """In-job restart by ft_launcher: the workers of every pod are started again."""
@@ -247,8 +260,9 @@ class Fault(BaseModel):
 
     kind: FaultKind
     """`exception` (raise), `hang` (stop in Python: no progress, no heartbeats),
-    `collective_hang` (block in a collective that the other ranks never join), `sigkill`, `oom`
-    (exit 137) or `sigterm`."""
+    `collective_hang` (block in a collective that the other ranks never join), `sigkill`,
+    `collective_sigkill` (SIGKILL with a receive from a peer still pending), `oom` (exit 137) or
+    `sigterm`. A `sigkill` at a checkpoint step kills the rank while that save is written."""
 
 
 class Metrics(BaseModel):

@@ -71,6 +71,7 @@ _VALUES: dict[str, dict[str, str]] = {
         "soft_timeout": '"1m"',
         "hard_timeout": '"1m30s"',
         "min_world_size": "1",
+        "failure_window": '"100ms"',
     },
     "restart.in_job": {"max_restarts": "5", "policy": '"any-failed"'},
     "checkpoint": {

@@ -66,6 +66,15 @@ class FaultInjector:
                 peer = (dist.get_rank() + 1) % dist.get_world_size()
                 dist.recv(torch.zeros(1), src=peer, tag=7331)
             time.sleep(10**7)
+        if kind == "collective_sigkill":
+            import torch
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                # Dies with a receive posted: the peers meet a dead rank inside a collective.
+                peer = (dist.get_rank() + 1) % dist.get_world_size()
+                dist.irecv(torch.zeros(1), src=peer, tag=7332)
+            os.kill(os.getpid(), signal.SIGKILL)
         if kind == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
         if kind == "sigterm":

@@ -13,10 +13,12 @@ ft_launcher.
 
 import contextlib
 import datetime
+import inspect
 import os
 import re
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -104,12 +106,16 @@ def _attempt(
         # Nothing here may replace the fault on its way to NVRx (an unwritable events log, say).
         with contextlib.suppress(Exception):
             ctx.log_last_step()
-        if stopping.requested() is not None:  # SIGTERM: the save in flight first, then exit
+        signum = stopping.requested()
+        if signum is not None:  # SIGTERM: the save in flight first, then exit
             limit = stop_limit(policy, settings.events_path)
             # NVRx must not interrupt the wait: its abort takes the same lock.
             held = call_wrapper.atomic() if call_wrapper is not None else contextlib.nullcontext()
             with held, contextlib.suppress(Exception):
                 ctx.settle(limit)
+            # Out now: raising into NVRx would hold this rank at its exit barrier until every
+            # peer arrives, and a dead peer never does.
+            stopping.exit_now(signum)
         elif call_wrapper is not None:  # an in-process restart follows
             with contextlib.suppress(Exception):
                 ctx.settle(settle_limit(policy))
@@ -179,23 +185,61 @@ def run(main: Main) -> Any:
         events.emit(
             "worker_start", rank=rank, restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         )
-    stopping.install()
+
+    def settle_for_stop(_signum: int) -> None:
+        ctx = _Current.context
+        if ctx is not None:
+            ctx.settle(stop_limit(policy, settings.events_path))
+
+    def stopped(signum: int, forced: bool, waited: float) -> None:
+        if events is not None:
+            events.emit(
+                "worker_stopped",
+                rank=rank,
+                signal=signal.Signals(signum).name,
+                forced=forced,
+                waited_s=round(waited, 3),
+            )
+
+    stopping.install(on_stop=settle_for_stop, on_exit=stopped)
+    _report_helper_thread_errors(events, rank)
     try:
         launched = "MASTER_ADDR" in os.environ and "RANK" in os.environ
         if policy.restart.in_process.enabled and launched:
             return _run_in_process(main, settings, events, heartbeat, faults)
         return _attempt(main, settings, events, heartbeat, faults, iteration=0)
-    except BaseException as exc:
+    except BaseException:
         signum = stopping.requested()
         if signum is None:
             raise
         # Whatever ends the way out (NVRx may turn it into its own exception), a stop is a stop.
-        if events is not None:
-            with contextlib.suppress(Exception):
-                events.emit("worker_stopped", rank=rank, signal=signal.Signals(signum).name)
-        raise SystemExit(128 + signum) from exc
+        stopping.exit_now(signum)
+        raise  # not reached
     finally:
         heartbeat.stop()
+
+
+def _report_helper_thread_errors(events: EventLog | None, rank: int) -> None:
+    """An NVRx helper thread that dies (its store's host, rank 0, was killed by a hard fault and
+    the next restart is under way) becomes one ``worker_thread_error`` event, not a traceback in
+    the job's output. Threads of other libraries and of the script keep Python's report."""
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        thread = args.thread
+        if thread is None or not type(thread).__module__.startswith("nvidia_resiliency_ext"):
+            previous(args)
+            return
+        if events is not None:
+            with contextlib.suppress(Exception):
+                events.emit(
+                    "worker_thread_error",
+                    rank=rank,
+                    thread=thread.name,
+                    error=repr(args.exc_value)[:300],
+                )
+
+    threading.excepthook = hook
 
 
 def _run_in_process(
@@ -252,7 +296,12 @@ def _run_in_process(
             return abort_collectives(state)
 
     health = inprocess.health_check.CudaHealthCheck() if torch.cuda.is_available() else None
+    # [restart.in_process] failure_window is NVRx's last_call_wait (0.4 to 0.7; 1 s by default).
+    window = {"last_call_wait": datetime.timedelta(seconds=ip.window)}
+    if "last_call_wait" not in inspect.signature(inprocess.Wrapper).parameters:
+        window = {}
     wrapper = inprocess.Wrapper(
+        **window,
         store_kwargs={"timeout": datetime.timedelta(seconds=barrier)},
         initialize=inprocess.initialize.RetryController(
             max_iterations=ip.max_attempts, min_world_size=ip.min_world_size

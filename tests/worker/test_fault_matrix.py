@@ -1,0 +1,155 @@
+"""The fault matrix on one node: 4 ranks (gloo, FSDP2 demo, real ``nvtrain run`` + ft_launcher +
+NVRx in-process restart) through one fault of every kind that matters for the survivors:
+
+- SIGKILL of one rank in a step, with a receive posted (in a collective), and while its
+  checkpoint write is in flight: ft_launcher restarts the workers; the three survivors must be
+  out at once (no stop-timeout wait), whatever they were doing;
+- an exception and a hang (in Python): the in-process layer restarts all four ranks.
+
+After the run: the state is bitwise the one of the same run without faults, nothing the run
+started is left, and no recovery phase in ``nvtrain report`` waited out a stop timeout. The
+2-rank variant of the same checks lives in ``test_recovery.py``; 2 pods x 2 ranks in
+``tests/multinode/test_fault_matrix_pods.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from worker_helpers import RunResult, free_port_pair, run_nvtrain, write_policy
+
+from nvtrain.report import read_report
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+RANKS = 4
+STEPS = 60
+STOP_TIMEOUT = 10.0
+"""ft_launcher's ``--workers-stop-timeout`` (min(stop_timeout, 15 s)): a survivor that ignored
+SIGTERM would cost this much in the teardown of an in-job restart."""
+
+FAULTS = [
+    {"step": 12, "rank": 1, "kind": "exception"},
+    {"step": 22, "rank": 2, "kind": "hang"},
+    {"step": 31, "rank": 3, "kind": "sigkill"},  # in a step
+    {"step": 41, "rank": 0, "kind": "collective_sigkill"},  # with a receive posted
+    {"step": 50, "rank": 1, "kind": "sigkill"},  # while the save of step 50 is written
+]
+IN_PROCESS = {"exception", "hang"}
+RUN_TIMEOUT = 200.0
+
+
+def tables(checkpoint_dir: Path, *, name: str, ranks: int, steps: int) -> dict[str, dict[str, Any]]:
+    """A demo policy for fault-matrix runs: short timeouts that still hold on a loaded 2-core
+    machine (a hang is seen after 4 s; gloo collectives blocked by a dead peer time out at 6 s)."""
+    return {
+        "job": {
+            "name": name,
+            "module": "nvtrain.demo",
+            "args": ["--steps", str(steps), "--step-time", "0", "--log-every", "1"],
+            "nproc_per_node": ranks,
+            "max_steps": steps,
+            "backend": "gloo",
+            "collective_timeout": "6s",
+            "stop_timeout": f"{STOP_TIMEOUT:g}s",
+        },
+        "rendezvous": {"nodes": 1, "port": free_port_pair(), "join_timeout": "60s"},
+        "heartbeat": {"initial_timeout": "90s", "timeout": "12s", "monitor_interval": "1s"},
+        "restart": {"escalate_after": 5},
+        "restart.in_process": {
+            "enabled": True,
+            "max_attempts": 5,
+            "soft_timeout": "4s",
+            "hard_timeout": "10s",
+        },
+        "restart.in_job": {"max_restarts": 5},
+        "checkpoint": {"dir": str(checkpoint_dir), "interval": 5, "async": True, "keep": 2},
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
+    root = tmp_path_factory.mktemp("matrix")
+    checkpoints = root / "ckpt"
+    policy = tables(checkpoints, name="fault-matrix", ranks=RANKS, steps=STEPS)
+    clean_policy = write_policy(root / "clean.toml", policy)
+    faulty_policy = write_policy(root / "faulty.toml", policy, FAULTS)
+    clean = run_nvtrain(clean_policy, "clean", checkpoints, root, RUN_TIMEOUT)
+    faulty = run_nvtrain(faulty_policy, "faulty", checkpoints, root, RUN_TIMEOUT)
+    print(f"clean run {clean.seconds:.0f}s, faulty run {faulty.seconds:.0f}s")
+    return {"clean": clean, "faulty": faulty}
+
+
+def assert_clean_exit(run: RunResult) -> None:
+    """Exit 0, and nothing of the run alive once ``nvtrain run`` has exited."""
+    assert run.code == 0, run.describe()
+    assert run.leftovers == [], f"left running after the run: {run.leftovers}"
+
+
+def assert_no_stop_timeout_waited(run: RunResult, stop_timeout: float) -> None:
+    """No worker ignored SIGTERM (ft_launcher's 'Unable to shutdown' after its stop timeout), none
+    had to be ended by nvtrain's stop watch past the bound, and no recovery phase of the report
+    lasted the stop timeout."""
+    assert "Unable to shutdown process" not in run.output, run.describe()
+    stopped = [e for e in run.events if e["event"] == "worker_stopped"]
+    slow = [e for e in stopped if e.get("waited_s", 0.0) > 1.0 + stop_timeout / 2]
+    assert slow == [], slow
+    report = read_report(run.run_dir)
+    assert report.incidents, "no incident in the report"
+    for incident in report.incidents:
+        phases = {k: v for k, v in incident.phases.items() if v is not None}
+        assert incident.end_t is not None, f"incident {incident.index} not recovered: {incident}"
+        assert all(v < stop_timeout for k, v in phases.items() if k in ("detection", "teardown")), (
+            incident.index,
+            incident.layer,
+            incident.cause,
+            phases,
+        )
+
+
+def test_every_fault_recovered_to_the_clean_runs_state(runs: dict[str, RunResult]) -> None:
+    clean, faulty = runs["clean"], runs["faulty"]
+    assert_clean_exit(clean)
+    assert_clean_exit(faulty)
+    assert sorted(clean.fingerprints()) == list(range(RANKS)), clean.describe()
+    assert faulty.fingerprints() == clean.fingerprints(), faulty.describe()
+
+
+def test_each_fault_fired_once_and_was_recovered_by_its_layer(runs: dict[str, RunResult]) -> None:
+    faulty = runs["faulty"]
+    events = faulty.events
+    fired = [e for e in events if e["event"] == "fault_injected"]
+    assert sorted((e["step"], e["rank"], e["kind"]) for e in fired) == sorted(
+        (f["step"], f["rank"], f["kind"]) for f in FAULTS
+    )
+    by_step = {e["step"]: e for e in fired}
+    times = sorted(e["ts"] for e in fired)
+    for fault in FAULTS:
+        at = by_step[fault["step"]]["ts"]
+        until = min([t for t in times if t > at], default=float("inf"))
+        window = [e for e in events if at <= e["ts"] < until]
+        layers = {e.get("layer") for e in window if e["event"] == "restart_begin"}
+        expected = "in_process" if fault["kind"] in IN_PROCESS else "in_job"
+        assert expected in layers, (fault, sorted(str(x) for x in layers))
+        if expected == "in_process":  # no worker died for a soft fault
+            assert [e for e in window if e["event"] == "worker_failed"] == [], fault
+        restored = [e for e in window if e["event"] == "checkpoint_restored"]
+        assert sorted({e["rank"] for e in restored}) == list(range(RANKS)), (fault, restored)
+        assert all(e["step"] <= fault["step"] for e in restored), (fault, restored)
+
+
+def test_no_survivor_waits_out_a_stop_timeout(runs: dict[str, RunResult]) -> None:
+    assert_no_stop_timeout_waited(runs["faulty"], STOP_TIMEOUT)
+
+
+def test_the_save_in_flight_at_the_kill_is_never_restored_partial(runs: dict[str, RunResult]) -> None:
+    """The rank killed during the write of step 50 leaves that save uncommitted: the restart
+    resumes from step 45 (or from 50 if every shard was written before the kill), never from a
+    partial folder."""
+    faulty = runs["faulty"]
+    kill = next(e for e in faulty.events if e["event"] == "fault_injected" and e["step"] == 50)
+    restored = [e for e in faulty.events if e["event"] == "checkpoint_restored" and e["ts"] > kill["ts"]]
+    assert restored and {e["step"] for e in restored} <= {45, 50}, restored
+    assert len({e["step"] for e in restored[:RANKS]}) == 1, restored
