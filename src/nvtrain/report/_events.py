@@ -41,10 +41,12 @@ WORKER_EVENTS = frozenset(
         "checkpoint_begin",
         "checkpoint_staged",
         "checkpoint_committed",
+        "checkpoint_already_committed",
         "checkpoint_restored",
         "checkpoint_settled",
         "checkpoint_partial",
         "checkpoint_corrupt",
+        "checkpoint_rejected",
         "checkpoint_failed",
         "fault_injected",
         "restart_end",
@@ -159,15 +161,34 @@ def step_marks(
     return points, intervals
 
 
+COMMITS = ("checkpoint_committed", "checkpoint_already_committed")
+"""A verified checkpoint of the step is on storage (saved now, or kept from an earlier save)."""
+REJECTIONS = ("checkpoint_corrupt", "checkpoint_rejected")
+"""The step's checkpoint on storage was found damaged (or without ``COMMITTED``)."""
+
+
 def commit_times(
     events: Sequence[dict[str, Any]], bounds: Sequence[float], t0: float
 ) -> list[tuple[float, int]]:
-    """(seconds since the start, step) of each commit, once per stretch and step."""
+    """(seconds since the start, step) of each commit, once per stretch and step. A commit whose
+    checkpoint was rejected later, before any restore from storage loaded it, is left out: that
+    checkpoint could never have been gone back to."""
     first: dict[tuple[int, int], float] = {}
+    unproven: dict[int, list[tuple[int, int]]] = {}  # step -> its commits not restored since
     for e in events:
-        step = as_int(e.get("step"))
-        if e.get("event") == "checkpoint_committed" and step is not None:
-            first.setdefault((bisect.bisect_right(bounds, ts(e)), step), ts(e) - t0)
+        name, step = e.get("event"), as_int(e.get("step"))
+        if step is None:
+            continue
+        if name in COMMITS:
+            key = (bisect.bisect_right(bounds, ts(e)), step)
+            if key not in first:
+                first[key] = ts(e) - t0
+                unproven.setdefault(step, []).append(key)
+        elif name == "checkpoint_restored" and (e.get("origin") or e.get("source")) == "storage":
+            unproven.pop(step, None)
+        elif name in REJECTIONS:
+            for key in unproven.pop(step, []):
+                first.pop(key, None)
     return sorted((t, step) for (_, step), t in first.items())
 
 

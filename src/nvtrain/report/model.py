@@ -555,7 +555,7 @@ def _checkpoints(
             failed.add(key)
         elif name == "checkpoint_partial":
             partial.add(e.get("path", step))
-        elif name == "checkpoint_corrupt":
+        elif name in ("checkpoint_corrupt", "checkpoint_rejected"):  # one folder counts once
             corrupt.add(e.get("path", step))
         elif name == "checkpoint_settled":
             before = settled.get(key, (0.0, True))

@@ -9,14 +9,19 @@ Layout of one run (``<checkpoint dir>/<run id>/``)::
         manifest-rank0.json ...  per-rank list of files with size and CRC-32
         COMMITTED                written last, lists every file; then the folder is renamed
     step-000140.partial-ab12cd/  a save in flight, or one whose writer died: never restored
+    step-000100.rejected-ef34ab/ a step folder found corrupt or without COMMITTED: moved aside
 
 A save: wait for the previous save to be committed; stage the state into host memory (the only
 part that blocks training); write in the background (a separate gloo group, so the background
 collectives never meet the training loop's); each rank writes its manifest; rank 0 waits for
-all manifests, writes COMMITTED and renames the folder. Restore picks the newest committed
-checkpoint of this run whose files all match their manifests, and reports the partial and
-corrupt ones it skipped. Retention keeps ``keep`` committed checkpoints and never deletes the
-newest one.
+all manifests, writes COMMITTED and renames the folder; when that step's folder already
+exists, it is kept only if it verifies (the fresh save is then dropped), else it is rejected
+and the fresh save takes its place. Restore picks the newest committed checkpoint of this run
+whose files all match their manifests, and rejects (rank 0 moves aside, once every rank agreed)
+the newer ones that do not and the step folders without COMMITTED, so no later save or
+retention takes them for good ones. Retention keeps the checkpoint just committed (verified by
+construction) and the ``keep - 1`` committed ones before it; newer folders are neither counted
+nor deleted.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ __all__ = ["Checkpointer", "CorruptCheckpoint", "committed_steps"]
 COMMITTED = "COMMITTED"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _PARTIAL_DIR = re.compile(r"^step-(\d+)\.partial-[0-9a-f]+$")
+_REJECTED_DIR = re.compile(r"^step-(\d+)\.rejected-[0-9a-f]+$")
 _CHUNK = 8 << 20
 
 
@@ -199,6 +205,10 @@ class _Held:
 
 _IN_MEMORY: dict[str, _Held] = {}
 """Per run directory; survives in-process restarts (same process), not process restarts."""
+
+_PLACING = threading.Lock()
+"""Held while rank 0 puts a commit in place: an earlier attempt's background commit (after an
+in-process restart) and the new attempt's may meet on the same step."""
 
 
 class _Save:
@@ -414,27 +424,49 @@ class Checkpointer:
             json.dumps({"step": save.step, "world": self.world, "files": files}, sort_keys=True).encode(),
         )
         final = _step_dir(self.run_dir, save.step)
-        if final.exists():  # the same step was committed by an earlier attempt: keep it
-            shutil.rmtree(save.folder, ignore_errors=True)
-            _IN_MEMORY.pop(str(self.run_dir), None)  # memory now differs from what is committed
+        with _PLACING:
+            # The same step may be on storage already: committed by an earlier attempt (kept when
+            # it verifies), or a damaged folder (rejected, and this save takes its place).
+            existed = final.exists()
+            problem = self._verify(final, save.step, whole=True) if existed else None
+            kept = existed and problem is None
+            if kept:
+                shutil.rmtree(save.folder, ignore_errors=True)
+                _IN_MEMORY.pop(str(self.run_dir), None)  # memory now differs from what is committed
+            else:
+                if problem is not None:
+                    self._reject(final, save.step, problem)
+                os.rename(save.folder, final)
+                _fsync_dir(self.run_dir)
+        if kept:
+            self._emit("checkpoint_already_committed", step=save.step, path=str(final))
         else:
-            os.rename(save.folder, final)
-            _fsync_dir(self.run_dir)
-        self._emit(
-            "checkpoint_committed",
-            step=save.step,
-            write_s=round(time.monotonic() - save.started, 6),
-            bytes=sum(int(f["size"]) for f in files.values()),
-        )
+            self._emit(
+                "checkpoint_committed",
+                step=save.step,
+                write_s=round(time.monotonic() - save.started, 6),
+                bytes=sum(int(f["size"]) for f in files.values()),
+            )
         self._retain(save.step)
 
+    def _reject(self, folder: Path, step: int, problem: str) -> None:
+        """Rank 0: move a damaged step folder aside, so it is never restored, kept as a commit
+        or counted by retention (``_retain`` deletes it once a later step is committed)."""
+        aside = folder.with_name(f"{folder.name}.rejected-{secrets.token_hex(4)}")
+        os.rename(folder, aside)
+        _fsync_dir(folder.parent)
+        self._emit("checkpoint_rejected", step=step, path=str(folder), moved_to=str(aside), problem=problem)
+
     def _retain(self, newest: int) -> None:
-        steps = committed_steps(self.run_dir)
-        for step in steps[: max(len(steps) - self.policy.keep, 0)]:
-            if step != newest:
-                shutil.rmtree(_step_dir(self.run_dir, step), ignore_errors=True)
+        """``newest`` was just committed (or verified) here: keep it and the ``keep - 1``
+        committed checkpoints before it. Newer step folders were not verified by this run, so
+        they are neither counted (a damaged one would push out the last good checkpoint) nor
+        deleted. Partial and rejected folders older than ``newest`` are removed."""
+        older = [step for step in committed_steps(self.run_dir) if step < newest]
+        for step in older[: max(len(older) - (self.policy.keep - 1), 0)]:
+            shutil.rmtree(_step_dir(self.run_dir, step), ignore_errors=True)
         for entry in self.run_dir.iterdir():
-            match = _PARTIAL_DIR.match(entry.name)
+            match = _PARTIAL_DIR.match(entry.name) or _REJECTED_DIR.match(entry.name)
             if match and int(match.group(1)) < newest:
                 shutil.rmtree(entry, ignore_errors=True)
 
@@ -494,14 +526,18 @@ class Checkpointer:
         self.inflight = None
 
     # -- restoring -------------------------------------------------------------------------
-    def _verify(self, folder: Path) -> str | None:
-        """None when every file listed in COMMITTED matches; else what is wrong."""
+    def _verify(self, folder: Path, step: int, *, whole: bool = False) -> str | None:
+        """None when the files listed in COMMITTED match (this rank's share of them, or all of
+        them with ``whole``) and COMMITTED is for ``step``; else what is wrong."""
         try:
-            listed = json.loads((folder / COMMITTED).read_text())["files"]
-        except (OSError, ValueError, KeyError) as exc:
+            committed = json.loads((folder / COMMITTED).read_text())
+            listed, committed_step = committed["files"], committed["step"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             return f"unreadable {COMMITTED}: {exc}"
+        if committed_step != step:
+            return f"{COMMITTED} is for step {committed_step!r}"
         names = sorted(listed)
-        for name in names[self.rank :: self.world]:
+        for name in names if whole else names[self.rank :: self.world]:
             path = folder / name
             if not path.is_file():
                 return f"{name} is missing"
@@ -521,6 +557,11 @@ class Checkpointer:
     def restore(self) -> int:
         """Load the newest intact committed checkpoint of this run; returns its step (0: none)."""
         t0 = time.monotonic()
+        if self.rank == 0 and self.run_dir.is_dir():
+            for entry in sorted(self.run_dir.iterdir()):
+                match = _STEP_DIR.match(entry.name)
+                if match and not (entry / COMMITTED).is_file():  # a commit is renamed in whole
+                    self._reject(entry, int(match.group(1)), f"no {COMMITTED} file")
         steps = self._agreed_steps()
         newest_committed = max(steps, default=0)
         if self.rank == 0 and self.run_dir.is_dir():
@@ -533,14 +574,12 @@ class Checkpointer:
         with self._paused():
             for step in reversed(steps):
                 folder = _step_dir(self.run_dir, step)
-                problem = self._verify(folder)
+                problem = self._verify(folder, step)
                 if not self._all_ok(problem):
-                    self._emit(
-                        "checkpoint_corrupt",
-                        step=step,
-                        path=str(folder),
-                        problem=problem or "a file checked by another rank",
-                    )
+                    problem = problem or "a file checked by another rank"
+                    self._emit("checkpoint_corrupt", step=step, path=str(folder), problem=problem)
+                    if self.rank == 0:  # every rank is done with it (the all-reduce above)
+                        self._reject(folder, step, problem)
                     continue
                 self._load(folder)
                 self.last_saved = step
