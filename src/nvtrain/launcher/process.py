@@ -4,6 +4,15 @@ ft_launcher starts each worker in a session of its own, and NVRx monitor daemons
 process-group signal does not reach them all. nvtrain therefore makes itself a *child subreaper*
 (Linux): orphaned descendants are re-parented to nvtrain instead of init, and ``stop`` signals
 every descendant it can find, not only the launcher's group.
+
+A SIGKILLed nvtrain cleans up nothing, so a ``Child`` may get a *guard*: a small process of its
+own (``python -m nvtrain.launcher.process``, in a session of its own) that blocks on a pipe whose
+only writer is nvtrain. When nvtrain ends for any reason the pipe reports end-of-file; if the
+child still runs, the guard sends it SIGTERM once (ft_launcher then stops its workers and rank
+monitors), and SIGKILLs whatever of the child's tree still runs ``guard`` seconds later. (A
+parent-death signal, ``PR_SET_PDEATHSIG``, is not used: Linux sends it again each time the child
+is handed to another thread of the dying parent, and a second SIGTERM makes ft_launcher abandon
+the shutdown of its workers half-way.)
 """
 
 from __future__ import annotations
@@ -76,9 +85,15 @@ def _reap() -> None:
 
 
 class Child:
-    """One child process in a session of its own, stopped TERM -> deadline -> KILL."""
+    """One child process in a session of its own, stopped TERM -> deadline -> KILL.
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str], *, capture: bool) -> None:
+    With ``guard`` (seconds), the child and its tree are also stopped when this process dies
+    without stopping them (see the module's docstring).
+    """
+
+    def __init__(
+        self, argv: Sequence[str], env: Mapping[str, str], *, capture: bool, guard: float | None = None
+    ) -> None:
         self.argv = list(argv)
         self.popen = subprocess.Popen(
             self.argv,
@@ -91,15 +106,26 @@ class Child:
             errors="replace" if capture else None,
         )
         self.pid = self.popen.pid
+        self.guard: subprocess.Popen[bytes] | None = None
+        self._guard_pipe: int | None = None
+        if guard is not None:
+            self.guard, self._guard_pipe = _start_guard(self.pid, guard)
 
     def poll(self) -> int | None:
-        return self.popen.poll()
+        return self._ended(self.popen.poll())
 
     def wait(self, timeout: float | None = None) -> int | None:
         try:
-            return self.popen.wait(timeout)
+            return self._ended(self.popen.wait(timeout))
         except subprocess.TimeoutExpired:
             return None
+
+    def _ended(self, code: int | None) -> int | None:
+        """Once the child has exited, let its guard go (it finds nothing to stop and exits)."""
+        if code is not None and self._guard_pipe is not None:
+            os.close(self._guard_pipe)
+            self._guard_pipe = None
+        return code
 
     def send(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -117,3 +143,68 @@ class Child:
             code = self.popen.wait()
         kill_all(timeout=1.0)
         return code
+
+
+def _start_guard(pid: int, timeout: float) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the guard of child ``pid`` (not waited for yet, so the pid is still its own);
+    returns the guard and the pipe's write end, kept open until the child has exited."""
+    started = psutil.Process(pid).create_time()  # the guard checks it: a pid can be reused
+    read_end, write_end = os.pipe()  # not inherited by other children (O_CLOEXEC, close_fds)
+    try:
+        guard = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(pid), repr(started), repr(timeout)],
+            stdin=read_end,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # outlives a signal to this process's group
+        )
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    return guard, write_end
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _tree(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return [proc]
+
+
+def _guard(pid: int, started: float, timeout: float) -> None:
+    """The guard's work: wait until the launcher process's end of stdin closes; if child ``pid``
+    (created at ``started``) still runs, SIGTERM it once, and SIGKILL what is left of its tree
+    after ``timeout`` seconds."""
+    try:
+        child = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    if child.create_time() != started:
+        return
+    sys.stdin.buffer.read()  # returns at end-of-file only
+    if not _running(child):
+        return
+    tree = _tree(child)
+    _signal_all([child], signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    orphans_told = False
+    while time.monotonic() < deadline and any(_running(p) for p in tree):
+        if _running(child):  # workers it starts meanwhile are stopped too
+            tree += [p for p in _tree(child) if p not in tree]
+        elif not orphans_told:  # it ended and left these behind
+            _signal_all([p for p in tree if _running(p)], signal.SIGTERM)
+            orphans_told = True
+        time.sleep(0.1)
+    _signal_all([p for p in tree if _running(p)], signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    _guard(int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]))

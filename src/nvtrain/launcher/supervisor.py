@@ -10,6 +10,7 @@ that did not gather its nodes within ``join_timeout`` is not retried here: it en
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -53,6 +54,8 @@ _SHOWN = {
 }
 _SHOWN_FIELDS = ("rank", "step", "kind", "layer", "iteration", "origin", "seconds", "finished", "problem")
 _MAX_TMPDIR = 60
+_STOP_GRACE = 5.0
+"""Seconds ft_launcher gets beyond ``stop_timeout`` to exit once told to stop."""
 
 Reporter = Callable[[str, dict[str, Any]], None]
 """Called with (event, fields) for everything the supervisor records; the CLI renders it."""
@@ -266,8 +269,10 @@ def supervise(
     except BaseException:
         shutil.rmtree(paths.state_dir, ignore_errors=True)
         raise
+    report = report or (lambda event, fields: None)
     events = EventLog(paths.events, node=identity.node_rank, run_id=identity.run_id, source="launcher")
-    watch = _Watch(policy, events, report or (lambda event, fields: None))
+    events.report = report  # a failed write (full checkpoint volume) is reported, never raised
+    watch = _Watch(policy, events, report)
     shown = {"metrics_port": metrics.port} if metrics else {}
     watch.emit("launcher_start", argv=plan.argv, endpoint=plan.endpoint, is_host=plan.is_host, **shown)
     become_subreaper()
@@ -370,7 +375,8 @@ def _loop(
 
 def _run_once(plan: LaunchPlan, watch: _Watch, env: dict[str, str], child: list[Child], out: TextIO) -> int:
     watch.launcher_started()
-    launcher = Child(plan.argv, env, capture=True)
+    # The guard stops ft_launcher's tree should this process die without doing it (SIGKILL).
+    launcher = Child(plan.argv, env, capture=True, guard=plan.stop_timeout + _STOP_GRACE)
     child[:] = [launcher]
     watch.emit("launcher_started", launcher_pid=launcher.pid)
     if watch.signum is not None:  # a signal arrived between the DNS wait and the start
@@ -389,12 +395,34 @@ def _run_once(plan: LaunchPlan, watch: _Watch, env: dict[str, str], child: list[
 
 
 def _pump(child: Child, watch: _Watch, out: TextIO) -> None:
+    """Echo ft_launcher's output and watch it until the pipe closes. Nothing may end this loop
+    early: ft_launcher (and every worker writing to the same pipe) blocks once the unread pipe
+    is full, and the job would hang. A failure is reported once per kind and the loop goes on."""
     stream = child.popen.stdout
     assert stream is not None
+    failed: set[str] = set()
     for text in stream:
-        out.write(text)
-        out.flush()
-        watch.line(text)
+        try:
+            out.write(text)
+            out.flush()
+        except Exception as exc:  # any: see above
+            _failed_once(watch, failed, "echo", exc)
+        try:
+            watch.line(text)
+        except Exception as exc:  # any: see above
+            _failed_once(watch, failed, "watch", exc)
+
+
+def _failed_once(watch: _Watch, failed: set[str], what: str, exc: Exception) -> None:
+    if what in failed:
+        return
+    failed.add(what)
+    doing = "echoing" if what == "echo" else "reading events from"
+    with contextlib.suppress(Exception):  # the report goes to stderr, which may be what fails
+        watch.report(
+            "launcher_output_error",
+            {"error": f"{doing} ft_launcher's output: {type(exc).__name__}: {exc} (reported once; goes on)"},
+        )
 
 
 def _wait(child: Child, watch: _Watch, plan: LaunchPlan) -> int:
@@ -409,6 +437,6 @@ def _wait(child: Child, watch: _Watch, plan: LaunchPlan) -> int:
             return child.stop(time.monotonic() + plan.stop_timeout)
         if watch.signum is not None:
             if deadline is None:
-                deadline = time.monotonic() + plan.stop_timeout + 5.0
+                deadline = time.monotonic() + plan.stop_timeout + _STOP_GRACE
             elif time.monotonic() >= deadline:
                 return child.stop(time.monotonic())
