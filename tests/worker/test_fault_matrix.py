@@ -18,9 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_helpers import RunResult, free_port_pair, run_nvtrain, write_policy
-
-from nvtrain.report import read_report
+from worker_helpers import (
+    RunResult,
+    assert_clean_exit,
+    assert_no_stop_timeout_waited,
+    free_port_pair,
+    run_nvtrain,
+    write_policy,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -80,33 +85,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
     faulty = run_nvtrain(faulty_policy, "faulty", checkpoints, root, RUN_TIMEOUT)
     print(f"clean run {clean.seconds:.0f}s, faulty run {faulty.seconds:.0f}s")
     return {"clean": clean, "faulty": faulty}
-
-
-def assert_clean_exit(run: RunResult) -> None:
-    """Exit 0, and nothing of the run alive once ``nvtrain run`` has exited."""
-    assert run.code == 0, run.describe()
-    assert run.leftovers == [], f"left running after the run: {run.leftovers}"
-
-
-def assert_no_stop_timeout_waited(run: RunResult, stop_timeout: float) -> None:
-    """No worker ignored SIGTERM (ft_launcher's 'Unable to shutdown' after its stop timeout), none
-    had to be ended by nvtrain's stop watch past the bound, and no recovery phase of the report
-    lasted the stop timeout."""
-    assert "Unable to shutdown process" not in run.output, run.describe()
-    stopped = [e for e in run.events if e["event"] == "worker_stopped"]
-    slow = [e for e in stopped if e.get("waited_s", 0.0) > 1.0 + stop_timeout / 2]
-    assert slow == [], slow
-    report = read_report(run.run_dir)
-    assert report.incidents, "no incident in the report"
-    for incident in report.incidents:
-        phases = {k: v for k, v in incident.phases.items() if v is not None}
-        assert incident.end_t is not None, f"incident {incident.index} not recovered: {incident}"
-        assert all(v < stop_timeout for k, v in phases.items() if k in ("detection", "teardown")), (
-            incident.index,
-            incident.layer,
-            incident.cause,
-            phases,
-        )
 
 
 def test_every_fault_recovered_to_the_clean_runs_state(runs: dict[str, RunResult]) -> None:

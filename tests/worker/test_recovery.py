@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_helpers import RunResult, free_port_pair, run_nvtrain, write_policy
+from worker_helpers import (
+    RunResult,
+    assert_clean_exit,
+    assert_no_stop_timeout_waited,
+    free_port_pair,
+    run_nvtrain,
+    write_policy,
+)
 
 # One fixture runs both jobs (about 2 minutes on an idle 2-core machine); the test that sets
 # it up pays for it, hence the longer timeout.
@@ -272,3 +279,11 @@ def test_sigterm_settles_the_save_in_flight_before_the_worker_exits(runs: dict[s
     fault = _fault_event(faulty, "sigterm")
     stopped = [e for e in faulty.events if e["event"] == "worker_stopped" and e["pid"] == fault["pid"]]
     assert [(e["rank"], e["signal"]) for e in stopped] == [(fault["rank"], "SIGTERM")], stopped
+
+
+def test_no_survivor_waits_out_a_stop_timeout_and_nothing_is_left(runs: dict[str, RunResult]) -> None:
+    """Every hard fault above left a healthy peer that ft_launcher stopped: it was out at once,
+    not after the stop timeout; and nothing of either run outlived ``nvtrain run``."""
+    assert_clean_exit(runs["clean"])
+    assert_clean_exit(runs["faulty"])
+    assert_no_stop_timeout_waited(runs["faulty"], 5.0)

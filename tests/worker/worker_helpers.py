@@ -240,3 +240,30 @@ def run_python(
         out, _ = proc.communicate()
         raise AssertionError(f"python {' '.join(args)} ran past {timeout}s:\n{out[-4000:]}") from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, None)
+
+
+def assert_clean_exit(run: RunResult) -> None:
+    """Exit 0, and nothing of the run alive once ``nvtrain run`` has exited."""
+    assert run.code == 0, run.describe()
+    assert run.leftovers == [], f"left running after the run: {run.leftovers}"
+
+
+def assert_no_stop_timeout_waited(run: RunResult, stop_timeout: float) -> None:
+    """No worker ignored ft_launcher's SIGTERM ('Unable to shutdown' after its stop timeout), no
+    stopped worker took longer than its settle bound, and no in-job recovery spent the stop
+    timeout between the fault and the new workers' rendezvous (``nvtrain report``'s phases)."""
+    from nvtrain.report import read_report
+
+    assert "Unable to shutdown process" not in run.output, run.describe()
+    stopped = [e for e in run.events if e["event"] == "worker_stopped"]
+    slow = [e for e in stopped if e.get("waited_s", 0.0) > 1.0 + stop_timeout / 2]
+    assert slow == [], slow
+    report = read_report(run.run_dir)
+    assert report.incidents, "no incident in the report"
+    for incident in report.incidents:
+        assert incident.end_t is not None, f"incident {incident.index} was not recovered: {incident}"
+        if incident.layer != "in_job":
+            continue  # gloo's collective timeout, not a stop, bounds the in-process teardown
+        phases = incident.phases
+        stop = sum(phases.get(k) or 0.0 for k in ("detection", "teardown", "rendezvous"))
+        assert stop < stop_timeout, (incident.index, incident.cause, phases)

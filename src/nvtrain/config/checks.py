@@ -200,7 +200,7 @@ def _sizes(p: Policy) -> Iterator[Finding]:
         )
     world = p.world_size()
     ip = p.restart.in_process
-    if ip.enabled and world is not None and world >= 1 and ip.min_world_size > world:
+    if ip.enabled and world is not None and world >= 1 and ip.min_world_size and ip.min_world_size > world:
         yield _f(
             "error",
             "min-world-size",

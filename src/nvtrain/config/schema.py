@@ -172,8 +172,11 @@ class InProcessRestart(BaseModel):
     hard_timeout: Duration = 90.0
     """No progress for this long: kill the process and let ft_launcher restart the workers."""
 
-    min_world_size: int = Field(default=1, ge=1)
-    """Fewest ranks the in-process layer may continue with. Unit: ranks."""
+    min_world_size: int | None = Field(default=None, ge=1)
+    """Fewest ranks the in-process layer may continue with. Default: every rank the workers
+    started with, so a rank lost to a hard fault is left to ft_launcher, which restarts them
+    all; lower it only for training that gives the same results in a smaller world (the data of
+    the lost ranks is not trained, so the run diverges from one without faults). Unit: ranks."""
 
     failure_window: Duration | None = None
     """After the first rank fails, how long the in-process layer waits for other ranks' failures

@@ -70,7 +70,7 @@ _VALUES: dict[str, dict[str, str]] = {
         "max_attempts": "10",
         "soft_timeout": '"1m"',
         "hard_timeout": '"1m30s"',
-        "min_world_size": "1",
+        "min_world_size": "16",
         "failure_window": '"100ms"',
     },
     "restart.in_job": {"max_restarts": "5", "policy": '"any-failed"'},
@@ -85,7 +85,13 @@ _VALUES: dict[str, dict[str, str]] = {
     "metrics": {"enabled": "false", "port": "9464", "refresh": '"5s"'},
     "faults": {"step": "100", "rank": "1", "kind": '"exception"'},
 }
-_UNSET = {("job", "module"), ("rendezvous", "service"), ("rendezvous", "min_nodes")}
+_UNSET = {
+    ("job", "module"),
+    ("rendezvous", "service"),
+    ("rendezvous", "min_nodes"),
+    ("restart.in_process", "min_world_size"),
+    ("restart.in_process", "failure_window"),
+}
 
 _HEADER = """\
 nvtrain policy: how one training job runs and recovers from faults (written by `nvtrain init`).

@@ -304,7 +304,7 @@ def _run_in_process(
         **window,
         store_kwargs={"timeout": datetime.timedelta(seconds=barrier)},
         initialize=inprocess.initialize.RetryController(
-            max_iterations=ip.max_attempts, min_world_size=ip.min_world_size
+            max_iterations=ip.max_attempts, min_world_size=ip.min_world_size or int(os.environ["WORLD_SIZE"])
         ),
         abort=_SettleThenAbort(),
         finalize=_DropCheckpoint(),
