@@ -41,6 +41,7 @@ JSON_KEYS = {
     "checkpoints",
     "segments",
     "notes",
+    "skipped_lines",
     "timeline",
 }
 INCIDENT_KEYS = {

@@ -46,14 +46,9 @@ __all__ = [
 
 def read_report(path: Path) -> Report:
     """The report of the events log at ``path`` (a run directory or its ``events.jsonl``);
-    ``UsageError`` (exit 2) naming the file when it is missing, unreadable or empty."""
-    from nvtrain.errors import UsageError
-    from nvtrain.tuning.measured import read_log, time_ordered
+    ``UsageError`` (exit 2) naming the file when it is missing, unreadable or holds no valid
+    event. Lines that are not valid events are skipped and counted (``Report.skipped_lines``)."""
+    from nvtrain.tuning.measured import read_log
 
-    target, events = read_log(path, "RUN_DIR")
-    if not time_ordered(events):
-        raise UsageError(
-            f"RUN_DIR: {target} holds no events with a time stamp",
-            "give the events.jsonl that `nvtrain run` wrote in the run directory",
-        )
-    return build_report(events, str(target))
+    target, events = read_log(path, "RUN_DIR")  # valid events only, each with a time stamp
+    return build_report(events, str(target), skipped=events.skipped)

@@ -10,6 +10,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from nvtrain.events import integer, number
+
 __all__ = [
     "WORKER_EVENTS",
     "as_float",
@@ -54,14 +56,10 @@ WORKER_EVENTS = frozenset(
 )
 
 
-def as_int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def as_float(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
+as_int = integer
+"""An integer field's value; None when it is not one (``nvtrain.events.integer``)."""
+as_float = number
+"""A numeric field's value as a float; None when it is not a finite number (``nvtrain.events.number``)."""
 
 
 def ts(event: dict[str, Any]) -> float:
@@ -106,13 +104,11 @@ def split_at(events: Sequence[dict[str, Any]], bounds: Sequence[float]) -> list[
 
 
 def last_worker_ts(events: Sequence[dict[str, Any]]) -> float:
-    worker = [
-        e
-        for e in events
-        if e.get("event") in WORKER_EVENTS
-        or (e.get("event") == "restart_begin" and e.get("layer") == "in_process")
-    ]
-    return ts((worker or list(events))[-1]) if events else 0.0
+    for e in reversed(events):
+        name = e.get("event")
+        if name in WORKER_EVENTS or (name == "restart_begin" and e.get("layer") == "in_process"):
+            return ts(e)
+    return ts(events[-1]) if events else 0.0
 
 
 def resume_step(part: Sequence[dict[str, Any]]) -> int:

@@ -141,4 +141,5 @@ def report_dict(report: Report) -> dict[str, Any]:
             for s in report.segments
         ],
         "notes": list(report.notes),
+        "skipped_lines": report.skipped_lines,
     }

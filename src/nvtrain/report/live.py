@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from nvtrain.events import EventTail
+from nvtrain.events import Events, EventTail
 from nvtrain.report.model import Report, Stats, build_report
 
 if TYPE_CHECKING:
@@ -199,7 +198,7 @@ class LiveFigures:
 
     def __init__(self, events: Path, refresh: float, *, clock: Callable[[], float] = time.time) -> None:
         self._tail = EventTail(events)
-        self._events: list[dict[str, Any]] = []
+        self._events = Events()  # every one valid: the reader checked them
         self._refresh = refresh
         self._clock = clock
         self._report: Report | None = None
@@ -211,9 +210,9 @@ class LiveFigures:
         new = self._tail.poll()
         if not new:
             return False
-        self._events.extend(_compact(e) for e in new)
+        self._events.extend(new)  # keys and short strings already interned by the reader
         start = time.perf_counter()
-        report = build_report(self._events, self._source)
+        report = build_report(self._events, self._source, skipped=self._tail.skipped)
         self._build_s = time.perf_counter() - start
         self._report = report  # one reference assignment: readers see the old or the new one
         return True
@@ -230,12 +229,6 @@ class LiveFigures:
     def families(self) -> list[Family]:
         report = self._report
         return [] if report is None else figures(report, float(self._clock()))
-
-
-def _compact(event: dict[str, Any]) -> dict[str, Any]:
-    return {
-        sys.intern(k): sys.intern(v) if isinstance(v, str) and len(v) <= 64 else v for k, v in event.items()
-    }
 
 
 class MetricsServer:

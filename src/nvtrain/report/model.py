@@ -47,10 +47,11 @@ from nvtrain.report._events import (
 )
 from nvtrain.report._json import report_dict
 from nvtrain.tuning.measured import (
+    Recovery,
     RecoveryGroup,
-    measure_events,
     recovery_groups,
-    recovery_of,
+    recovery_list,
+    step_times,
     time_ordered,
 )
 
@@ -257,6 +258,8 @@ class Report:
     checkpoints: Checkpoints
     segments: tuple[Segment, ...]
     notes: tuple[str, ...]
+    skipped_lines: int = 0
+    """Lines of the log that were skipped as not valid events (``nvtrain.events.parse_event``)."""
 
     def to_dict(self, timeline: str | None = None) -> dict[str, Any]:
         """The report as JSON-ready data (``nvtrain report --json``), with the path of the PNG
@@ -267,8 +270,10 @@ class Report:
 # -- building ---------------------------------------------------------------------------------
 
 
-def build_report(events: Sequence[dict[str, Any]], source: str) -> Report:
-    """The report of ``events`` (as ``read_events`` returns them); never raises."""
+def build_report(events: Sequence[dict[str, Any]], source: str, *, skipped: int = 0) -> Report:
+    """The report of ``events`` (as ``read_events`` returns them; ``skipped`` lines of the log
+    were not valid events); never raises. Linear in the events (after sorting them by time):
+    nothing here scans all events, or all commits, once per incident."""
     ordered = time_ordered(events)
     t0 = float(ordered[0]["ts"]) if ordered else 0.0
     total = float(ordered[-1]["ts"]) - t0 if ordered else 0.0
@@ -278,15 +283,14 @@ def build_report(events: Sequence[dict[str, Any]], source: str) -> Report:
     unrecovered = next((g for g in groups if g.first_step is None), None)
     bounds = [float(ordered[g.first_step]["ts"]) for g in recovered if g.first_step is not None]
     parts = split_at(ordered, bounds)
-    commits = commit_times(ordered, bounds, t0)
+    commits = _Commits(commit_times(ordered, bounds, t0))
     last_worker = last_worker_ts(ordered)
 
     # Each part is one stretch of training: its logged steps, and the time per step between them.
     marked = [step_marks(part) for part in parts]
     resumed = [resume_step(part) for part in parts]
     measured = [per for _, intervals in marked for _, _, per in intervals]
-    fallback = measure_events(ordered, source).timings.step
-    default = statistics.median(measured) if measured else (fallback.median if fallback else 0.0)
+    default = statistics.median(measured) if measured else _logged_step_s(ordered)
     ends = [float(ordered[g.triggers[0]]["ts"]) for g in recovered]
     ends.append(float(ordered[unrecovered.triggers[0]]["ts"]) if unrecovered else last_worker)
     segments: list[Segment] = []
@@ -296,9 +300,13 @@ def build_report(events: Sequence[dict[str, Any]], source: str) -> Report:
         own = [per for _, _, per in intervals]
         estimate = statistics.median(own) if own else default
         first = [(r, points[0][1], estimate)] if points and points[0][1] > r else []
+        # The first completed step; a stretch whose only mark is an injected fault starts there.
+        started = min((ts(e) for e in parts[k] if e.get("event") == "step"), default=None)
+        if started is None and points:
+            started = min(t for t, _ in points)
         segments.append(
             Segment(
-                start_t=min(ts(e) for e in parts[k] if e.get("event") == "step") - t0 if points else None,
+                start_t=None if started is None else started - t0,
                 end_t=ends[k] - t0,
                 restored_step=r,
                 last_step=last,
@@ -314,17 +322,22 @@ def build_report(events: Sequence[dict[str, Any]], source: str) -> Report:
     if unrecovered is not None:
         restored = latest(ordered[unrecovered.triggers[0] :], "checkpoint_restored")
         point = as_int(restored.get("step")) if restored else None
-        back_to.append(
-            point if point is not None else _newest_commit(commits, segments[-1], ends[-1] - t0)[0]
-        )
+        back_to.append(point if point is not None else commits.newest(segments[-1], ends[-1] - t0)[0])
     groups_in_order = [*recovered, *([unrecovered] if unrecovered else [])]
+    recoveries = recovery_list(ordered, groups_in_order)
     incidents = [
-        _incident(ordered, group, i + 1, segments[i], back_to[i], commits, t0, repeats)
+        _incident(ordered, group, i + 1, segments[i], back_to[i], commits, t0, repeats, recoveries[i])
         for i, group in enumerate(groups_in_order)
     ]
-    # A step is kept unless a later recovery went back before it.
-    for k, seg in enumerate(segments):
-        segments[k] = dataclasses.replace(seg, kept_to=min([seg.last_step, *back_to[k:]]))
+    # A step is kept unless a later recovery went back before it (the lowest of back_to[k:]).
+    lowest: int | None = None
+    for k in reversed(range(len(segments))):
+        if k < len(back_to):
+            lowest = back_to[k] if lowest is None else min(lowest, back_to[k])
+        seg = segments[k]
+        segments[k] = dataclasses.replace(
+            seg, kept_to=seg.last_step if lowest is None else min(seg.last_step, lowest)
+        )
 
     kept_s = sum(s.work(s.restored_step, s.kept_to) for s in segments)
     lost_s = sum(s.work(max(s.restored_step, s.kept_to), s.last_step) for s in segments)
@@ -369,24 +382,43 @@ def build_report(events: Sequence[dict[str, Any]], source: str) -> Report:
         freshness_steps=Stats.of(i.freshness_steps for i in incidents if i.freshness_steps is not None),
         freshness_s=Stats.of(i.freshness_s for i in incidents if i.freshness_s is not None),
         freshness=_freshness_series(segments, commits),
-        checkpoints=_checkpoints(ordered, bounds, commits, t0),
+        checkpoints=_checkpoints(ordered, bounds, commits.commits, t0),
         segments=tuple(segments),
-        notes=_notes(ordered, segments, incidents, has_steps),
+        notes=_notes(ordered, segments, incidents, has_steps, skipped),
+        skipped_lines=skipped,
     )
 
 
 # -- parts -------------------------------------------------------------------------------------
 
 
-def _newest_commit(commits: Sequence[tuple[float, int]], seg: Segment, at: float) -> tuple[int, float | None]:
-    """The newest checkpoint committed by time ``at`` that ``seg`` could go back to, and when
-    its step was reached (the restored one counts: it was committed before)."""
-    since = seg.start_t if seg.start_t is not None else float("-inf")
-    newer = [c for t, c in commits if since <= t <= at and seg.restored_step < c <= seg.last_step]
-    if not newer:
-        return seg.restored_step, seg.start_t
-    step = max(newer)
-    return step, next((t for t, s in seg.points if s == step), seg.start_t)
+def _logged_step_s(ordered: Sequence[dict[str, Any]]) -> float:
+    """The median ``step_s`` logged (as ``tune-interval`` measures it), for stretches too short
+    to time steps from their time stamps; 0 when none was logged."""
+    logged = step_times(ordered)
+    return float(statistics.median(max(v, 1e-6) for v in logged)) if logged else 0.0
+
+
+class _Commits:
+    """The run's commits, (seconds since the start, step) oldest first, found by time."""
+
+    def __init__(self, commits: Sequence[tuple[float, int]]) -> None:
+        self.commits = commits
+        self.times = [t for t, _ in commits]
+
+    def between(self, start: float, end: float) -> Sequence[tuple[float, int]]:
+        """The commits at ``start`` <= t <= ``end``."""
+        return self.commits[bisect.bisect_left(self.times, start) : bisect.bisect_right(self.times, end)]
+
+    def newest(self, seg: Segment, at: float) -> tuple[int, float | None]:
+        """The newest checkpoint committed by time ``at`` that ``seg`` could go back to, and
+        when its step was reached (the restored one counts: it was committed before)."""
+        since = seg.start_t if seg.start_t is not None else float("-inf")
+        newer = [c for _, c in self.between(since, at) if seg.restored_step < c <= seg.last_step]
+        if not newer:
+            return seg.restored_step, seg.start_t
+        step = max(newer)
+        return step, next((t for t, s in seg.points if s == step), seg.start_t)
 
 
 def _incident(
@@ -395,9 +427,10 @@ def _incident(
     index: int,
     seg: Segment,
     back_to: int | None,
-    commits: Sequence[tuple[float, int]],
+    commits: _Commits,
     t0: float,
     repeats: set[int],
+    recovery: Recovery | None,
 ) -> Incident:
     end = group.first_step
     window = events[group.triggers[0] : len(events) if end is None else end]
@@ -406,7 +439,6 @@ def _incident(
     if restarts:
         layer = restarts[-1]
     else:
-        recovery = recovery_of(events, group)
         layer = recovery.layer if recovery is not None else "none"
     fault_logged = any(is_fault(e) for e in window)
     detected = next((e for e in window if is_restart(e, repeats)), None) or next(
@@ -435,7 +467,7 @@ def _incident(
     restored_step = as_int(restored.get("step")) if restored else None
     if restored_step is None and end is not None:
         restored_step = back_to
-    fresh_step, fresh_t = _newest_commit(commits, seg, start - t0)
+    fresh_step, fresh_t = commits.newest(seg, start - t0)
     rollback = None if last is None or back_to is None else max(0, last - back_to)
     lost = (
         None if rollback is None or back_to is None else seg.work(max(seg.restored_step, back_to), last or 0)
@@ -489,9 +521,7 @@ def _layers(incidents: Sequence[Incident]) -> tuple[LayerRecovery, ...]:
     return tuple(out)
 
 
-def _freshness_series(
-    segments: Sequence[Segment], commits: Sequence[tuple[float, int]]
-) -> tuple[tuple[float, int, float], ...]:
+def _freshness_series(segments: Sequence[Segment], commits: _Commits) -> tuple[tuple[float, int, float], ...]:
     """Steps and seconds since the newest committed checkpoint's step, at every logged step, at
     every commit (just before and just after it) and at the fault that ends each stretch."""
     series: list[tuple[float, int, float]] = []
@@ -502,9 +532,7 @@ def _freshness_series(
         reached = {s: t for t, s in seg.points}
         newest, newest_t = seg.restored_step, seg.start_t
         changes = [(t, s, False) for t, s in seg.points]
-        changes += [
-            (t, c, True) for t, c in commits if seg.start_t <= t <= seg.end_t and c > seg.restored_step
-        ]
+        changes += [(t, c, True) for t, c in commits.between(seg.start_t, seg.end_t) if c > seg.restored_step]
         for t, step, committed in sorted(changes):
             if not committed:
                 series.append((t, step - newest, t - newest_t))
@@ -584,8 +612,15 @@ def _notes(
     segments: Sequence[Segment],
     incidents: Sequence[Incident],
     has_steps: bool,
+    skipped: int,
 ) -> tuple[str, ...]:
     notes = []
+    if skipped:
+        notes.append(
+            f"skipped {skipped} malformed event line{'s' if skipped != 1 else ''} (not a JSON object with a "
+            "finite `ts`, a string `event` and finite numbers in its numeric fields); the figures leave "
+            f"{'them' if skipped != 1 else 'it'} out"
+        )
     if not has_steps:
         notes.append(
             "no `step` events: the script does not use nvtrain's worker library, so goodput, "

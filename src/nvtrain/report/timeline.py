@@ -3,6 +3,8 @@ checkpoint freshness below. matplotlib (the ``report`` extra) is imported only w
 
 from __future__ import annotations
 
+import bisect
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -86,15 +88,23 @@ def _title(report: Report) -> str:
     )
 
 
+_MAX_LABELS = 40
+"""Faults are labelled with their cause, and restores with the step they resumed after, when the
+run has at most this many incidents: more labels would only cover each other."""
+
+
 def _draw_phases(ax: Axes, report: Report, scale: float, *, labels: bool = True) -> None:
-    """Start-up, recoveries (coloured by layer), shut-down as spans; faults as red lines."""
+    """Start-up, recoveries (coloured by layer), shut-down as spans; faults as red lines. One
+    collection per kind, not one artist per incident, so a run of thousands of incidents draws
+    in about the time of a short one."""
+    from matplotlib.collections import LineCollection, PolyCollection
+
     total = report.time.total
-    shown: set[str] = set()
+    across = ax.get_xaxis_transform()  # x in data, y from the bottom (0) to the top (1) of the axes
+    spans: dict[str, tuple[str, list[tuple[float, float]], dict[str, Any]]] = {}
 
     def span(start: float, end: float, colour: str, label: str, **kwargs: Any) -> None:
-        name = label if labels and label not in shown else None
-        shown.add(label)
-        ax.axvspan(start / scale, end / scale, color=colour, alpha=0.18, lw=0, label=name, **kwargs)
+        spans.setdefault(label, (colour, [], kwargs))[1].append((start / scale, end / scale))
 
     if report.time.startup:
         span(0.0, report.time.startup, "#bab0ac", "start-up / shut-down", hatch="//")
@@ -103,10 +113,37 @@ def _draw_phases(ax: Axes, report: Report, scale: float, *, labels: bool = True)
     for inc in report.incidents:
         end = inc.end_t if inc.end_t is not None else total
         span(inc.start_t, end, _LAYER_COLOURS.get(inc.layer, "#ff9da7"), f"recovery: {inc.layer}")
-        name = "fault" if labels and "fault" not in shown else None
-        shown.add("fault")
-        ax.axvline(inc.start_t / scale, color=_FAULT, lw=1.2, ls="--", label=name)
-        if labels:
+    for label, (colour, ranges, kwargs) in spans.items():
+        boxes = [[(a, 0.0), (a, 1.0), (b, 1.0), (b, 0.0)] for a, b in ranges]
+        ax.add_collection(
+            PolyCollection(
+                boxes,
+                transform=across,
+                facecolors=colour,
+                edgecolors=colour,  # the hatch is drawn in the edge colour
+                alpha=0.18,
+                linewidths=0,
+                label=label if labels else None,
+                **kwargs,
+            ),
+            autolim=False,
+        )
+    if not report.incidents:
+        return
+    faults = [[(i.start_t / scale, 0.0), (i.start_t / scale, 1.0)] for i in report.incidents]
+    ax.add_collection(
+        LineCollection(
+            faults,
+            transform=across,
+            colors=_FAULT,
+            linewidths=1.2,
+            linestyles="--",
+            label="fault" if labels else None,
+        ),
+        autolim=False,
+    )
+    if labels and len(report.incidents) <= _MAX_LABELS:
+        for inc in report.incidents:
             ax.annotate(
                 f"#{inc.index} {inc.cause}",
                 xy=(inc.start_t / scale, 1.0),
@@ -121,34 +158,35 @@ def _draw_phases(ax: Axes, report: Report, scale: float, *, labels: bool = True)
 
 
 def _draw_steps(ax: Axes, report: Report, scale: float) -> None:
-    """Each stretch's steps, kept in blue and rolled back in red; the jump back at each restore."""
-    labelled: set[str] = set()
+    """Each stretch's steps, kept in blue and rolled back in red; the jump back at each restore.
+    The stretches of one kind are one line, broken between stretches."""
+    from matplotlib.collections import LineCollection
 
-    def label(name: str) -> str | None:
-        if name in labelled:
-            return None
-        labelled.add(name)
-        return name
-
+    kept_line: list[tuple[float, float]] = []
+    lost_line: list[tuple[float, float]] = []
+    down: list[list[tuple[float, float]]] = []
     previous: tuple[float, int] | None = None
     for seg in report.segments:
         if not seg.points:
             continue
         kept, lost = _split_line(seg)
         if previous is not None:  # from the last step before the fault to the resumed one
-            ax.plot(
-                [previous[0] / scale, seg.points[0][0] / scale],
-                [previous[1], seg.points[0][1]],
-                color="grey",
-                ls=":",
-                lw=1,
-                label=label("down: fault to next step"),
-            )
-        if kept:
-            ax.plot(*_xy(kept, scale), color=_KEPT, lw=2, marker=".", ms=4, label=label("steps kept"))
-        if lost:
-            ax.plot(*_xy(lost, scale), color=_LOST, lw=2, marker=".", ms=4, label=label("steps rolled back"))
+            down.append([(previous[0] / scale, previous[1]), (seg.points[0][0] / scale, seg.points[0][1])])
+        for line, part in ((kept_line, kept), (lost_line, lost)):
+            if part:
+                line.extend((t / scale, s) for t, s in part)
+                line.append(_BREAK)
         previous = (seg.end_t, seg.last_step)
+    if down:
+        ax.add_collection(
+            LineCollection(
+                down, colors="grey", linestyles=":", linewidths=1, label="down: fault to next step"
+            )
+        )
+    if kept_line:
+        ax.plot(*_xy(kept_line), color=_KEPT, lw=2, marker=".", ms=4, label="steps kept")
+    if lost_line:
+        ax.plot(*_xy(lost_line), color=_LOST, lw=2, marker=".", ms=4, label="steps rolled back")
     commits = report.checkpoints.commits
     if commits:
         ax.scatter(
@@ -160,6 +198,8 @@ def _draw_steps(ax: Axes, report: Report, scale: float) -> None:
             zorder=3,
             label="checkpoint committed",
         )
+    if len(report.incidents) > _MAX_LABELS:
+        return
     for inc in report.incidents:
         if inc.end_t is not None and inc.restored_step is not None:
             ax.annotate(
@@ -170,6 +210,10 @@ def _draw_steps(ax: Axes, report: Report, scale: float) -> None:
                 fontsize=7,
                 color="dimgrey",
             )
+
+
+_BREAK = (math.nan, math.nan)
+"""Between two stretches in one line: matplotlib does not join points across a NaN."""
 
 
 def _split_line(seg: Segment) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
@@ -188,24 +232,32 @@ def _split_line(seg: Segment) -> tuple[list[tuple[float, float]], list[tuple[flo
     return kept, lost
 
 
-def _xy(points: list[tuple[float, float]], scale: float) -> tuple[list[float], list[float]]:
-    return [t / scale for t, _ in points], [s for _, s in points]
+def _xy(points: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
+    return [t for t, _ in points], [s for _, s in points]
 
 
 def _draw_freshness(ax: Axes, report: Report, scale: float) -> None:
-    series = report.freshness
+    import numpy as np
+
+    series = sorted(report.freshness, key=lambda p: p[0])  # stable: a commit's before and after
     if not series:
         ax.text(0.5, 0.5, "no steps logged", transform=ax.transAxes, ha="center", color="grey")
         return
-    for seg in report.segments:  # one line per stretch of training
+    times = [t for t, _, _ in series]
+    line: list[tuple[float, float]] = []
+    for seg in report.segments:  # one stretch of the line per stretch of training
         if seg.start_t is None:
             continue
-        mine = [(t / scale, float(n)) for t, n, _ in series if seg.start_t <= t <= seg.end_t]
-        if not mine:
-            continue
-        xs, ys = [x for x, _ in mine], [y for _, y in mine]
-        ax.fill_between(xs, ys, color=_KEPT, alpha=0.25, lw=0)
+        mine = series[bisect.bisect_left(times, seg.start_t) : bisect.bisect_right(times, seg.end_t)]
+        if mine:
+            line.extend((t / scale, float(n)) for t, n, _ in mine)
+            line.append(_BREAK)
+    if line:
+        xs, ys = _xy(line)
+        ax.fill_between(xs, np.ma.masked_invalid(ys), color=_KEPT, alpha=0.25, lw=0)
         ax.plot(xs, ys, color=_KEPT, lw=1.2)
-    for inc in report.incidents:
-        if inc.freshness_steps is not None:
-            ax.plot(inc.start_t / scale, inc.freshness_steps, marker="x", color=_FAULT, ms=7, mew=2)
+    marks = [
+        (i.start_t / scale, i.freshness_steps) for i in report.incidents if i.freshness_steps is not None
+    ]
+    if marks:
+        ax.plot(*_xy([(t, float(n)) for t, n in marks]), ls="none", marker="x", color=_FAULT, ms=7, mew=2)

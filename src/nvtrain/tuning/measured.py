@@ -19,14 +19,13 @@ What each measure is made of (every rank's events count; medians and 95th percen
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from nvtrain.errors import UsageError
-from nvtrain.events import read_events
+from nvtrain.events import Events, is_event, number, read_events
 from nvtrain.tuning.timings import Measure, Timings
 
 __all__ = [
@@ -40,7 +39,9 @@ __all__ = [
     "read_log",
     "read_measured",
     "recovery_groups",
+    "recovery_list",
     "recovery_of",
+    "step_times",
     "time_ordered",
 ]
 
@@ -97,6 +98,8 @@ class Measured:
     """Where the measured loads read from."""
     waits: tuple[float, ...]
     """Waits of saves for the previous write, when longer than 10 ms."""
+    skipped: int = 0
+    """Lines of the log that were skipped as not valid events."""
 
     def missing(self, names: Iterable[str]) -> list[tuple[str, str]]:
         """``(what is missing, fix)`` for each of ``names`` (``step``, ``save_block``,
@@ -135,9 +138,10 @@ def events_file(path: Path, what: str = "--from-run") -> Path:
     return target
 
 
-def read_log(path: Path, what: str = "--from-run") -> tuple[Path, list[dict[str, Any]]]:
-    """The events log at ``path`` (a file or a run directory) and its events; ``UsageError``
-    naming the file when it is missing, unreadable or holds no events."""
+def read_log(path: Path, what: str = "--from-run") -> tuple[Path, Events]:
+    """The events log at ``path`` (a file or a run directory) and its valid events (``skipped``
+    counts the lines that were not); ``UsageError`` naming the file when it is missing,
+    unreadable or holds no valid event."""
     target = events_file(path, what)
     try:
         events = read_events(target)
@@ -147,8 +151,15 @@ def read_log(path: Path, what: str = "--from-run") -> tuple[Path, list[dict[str,
             "check the path and its permissions",
         ) from None
     if not events:
+        skipped = events.skipped
+        why = (
+            f" with a time stamp and a name ({skipped} line{'s' if skipped != 1 else ''} skipped: an event "
+            "is a JSON object with a finite number `ts`, a string `event` and numbers in its numeric fields)"
+            if skipped
+            else ""
+        )
         raise UsageError(
-            f"{what}: {target} holds no events",
+            f"{what}: {target} holds no events{why}",
             f"give the {EVENTS_FILE} that `nvtrain run` wrote in the run directory",
         )
     return target, events
@@ -157,19 +168,25 @@ def read_log(path: Path, what: str = "--from-run") -> tuple[Path, list[dict[str,
 def read_measured(path: Path) -> Measured:
     """Measure the timings logged in the events log at ``path`` (a file or a run directory)."""
     target, events = read_log(path)
-    return measure_events(events, str(target))
+    return dataclasses.replace(measure_events(events, str(target)), skipped=events.skipped)
 
 
 def time_ordered(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The events that have a time stamp, oldest first (the order every analysis here uses)."""
-    return sorted((e for e in events if _number(e.get("ts")) is not None), key=lambda e: float(e["ts"]))
+    """The valid events (``nvtrain.events.is_event``: a finite time stamp, a name, numbers in
+    the numeric fields), oldest first: the order every analysis here uses. Events that
+    ``read_events`` returns are all valid (and not checked again); others may come from elsewhere."""
+    return sorted(events if isinstance(events, Events) else filter(is_event, events), key=_ts)
+
+
+def _ts(event: dict[str, Any]) -> float:
+    return float(event["ts"])
 
 
 def measure_events(events: Sequence[dict[str, Any]], source: str) -> Measured:
     """Measure the timings of ``events`` (as ``read_events`` returns them); never raises."""
     ordered = time_ordered(events)
     saves = _saves(ordered)
-    steps = _step_times(ordered, {(e.get("pid"), step) for e, step in saves})
+    steps = _step_times(ordered, saves)
     blocks = [b for _, b in _blocks(ordered)]
     writes = [
         v for e in _named(ordered, "checkpoint_committed") if (v := _number(e.get("write_s"))) is not None
@@ -207,9 +224,9 @@ def _named(events: Iterable[dict[str, Any]], name: str) -> list[dict[str, Any]]:
 
 
 def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) and value >= 0 else None
+    """A duration: a finite number (``nvtrain.events.number``) that is not negative."""
+    seconds = number(value)
+    return seconds if seconds is not None and seconds >= 0 else None
 
 
 def _saves(events: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]:
@@ -217,7 +234,13 @@ def _saves(events: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]
     return [(e, e["step"]) for e in _named(events, "checkpoint_begin") if isinstance(e.get("step"), int)]
 
 
-def _step_times(events: Sequence[dict[str, Any]], saved: set[tuple[Any, int]]) -> list[float]:
+def step_times(events: Sequence[dict[str, Any]]) -> list[float]:
+    """The ``step`` measure's samples (``events`` time-ordered)."""
+    return _step_times(events, _saves(events))
+
+
+def _step_times(events: Sequence[dict[str, Any]], saves: list[tuple[dict[str, Any], int]]) -> list[float]:
+    saved = {(e.get("pid"), step) for e, step in saves}
     times = []
     for e in _named(events, "step"):
         took, step = _number(e.get("step_s")), e.get("step")
@@ -280,38 +303,51 @@ def recovery_groups(
 
     ``is_trigger`` says which events start a recovery (default: ``fault_injected``,
     ``worker_failed``, ``restart_begin``, ``relaunch``). Triggers that no completed step
-    follows form one last group with ``first_step`` None.
+    follows form one last group with ``first_step`` None. One pass over the events.
     """
     triggered = is_trigger or (lambda e: e.get("event") in _TRIGGERS)
-    firsts = [
-        i
-        for i, e in enumerate(events)
-        if e.get("event") == "step" and "step_s" in e and e.get("step_s") is None
-    ]
-    groups: dict[int | None, list[int]] = {}
+    groups: list[RecoveryGroup] = []
+    pending: list[int] = []
     for i, e in enumerate(events):
-        if not triggered(e):
-            continue
-        after = next((j for j in firsts if j > i), None)
-        groups.setdefault(after, []).append(i)
-    ordered = sorted(groups.items(), key=lambda item: len(events) if item[0] is None else item[0])
-    return [RecoveryGroup(tuple(triggers), first) for first, triggers in ordered]
+        if pending and e.get("event") == "step" and "step_s" in e and e.get("step_s") is None:
+            groups.append(RecoveryGroup(tuple(pending), i))  # a trigger belongs to a later step
+            pending = []
+        if triggered(e):
+            pending.append(i)
+    if pending:
+        groups.append(RecoveryGroup(tuple(pending), None))
+    return groups
 
 
 def recovery_of(events: Sequence[dict[str, Any]], group: RecoveryGroup) -> Recovery | None:
     """The recovery that ``group`` records (None when no completed step followed it)."""
-    if group.first_step is None:
-        return None
+    return recovery_list(events, [group])[0]
+
+
+def recovery_list(events: Sequence[dict[str, Any]], groups: Sequence[RecoveryGroup]) -> list[Recovery | None]:
+    """``recovery_of`` each of ``groups`` (oldest first, as ``recovery_groups`` returns them),
+    in one pass over the events before the last of them."""
+    out: list[Recovery | None] = []
+    highest: int | None = None  # the highest restart_count of the steps seen so far
+    seen = 0
+    for group in groups:
+        start = group.triggers[0]
+        for e in events[seen:start]:
+            count = e.get("restart_count")
+            if e.get("event") == "step" and isinstance(count, int):
+                highest = count if highest is None else max(highest, count)
+        seen = max(seen, start)
+        out.append(None if group.first_step is None else _recovery(events, group, highest))
+    return out
+
+
+def _recovery(events: Sequence[dict[str, Any]], group: RecoveryGroup, highest_before: int | None) -> Recovery:
+    assert group.first_step is not None
     first_index, start = group.first_step, group.triggers[0]
     first = events[first_index]
     triggers = [events[i] for i in group.triggers]
-    before = [e.get("restart_count") for e in events[:start] if e.get("event") == "step"]
-    counts_before = [c for c in before if isinstance(c, int)]
-    rose = (
-        isinstance(first.get("restart_count"), int)
-        and bool(counts_before)
-        and first["restart_count"] > max(counts_before)
-    )
+    count = first.get("restart_count")
+    rose = isinstance(count, int) and highest_before is not None and count > highest_before
     new_processes = any(
         t.get("event") in _NEW_PROCESSES
         or (t.get("event") == "restart_begin" and t.get("layer") != "in_process")
@@ -332,10 +368,7 @@ def recovery_of(events: Sequence[dict[str, Any]], group: RecoveryGroup) -> Recov
 
 
 def _recoveries(events: Sequence[dict[str, Any]]) -> Iterable[Recovery]:
-    for group in recovery_groups(events):
-        recovery = recovery_of(events, group)
-        if recovery is not None:
-            yield recovery
+    return [r for r in recovery_list(events, recovery_groups(events)) if r is not None]
 
 
 def _measure(values: Sequence[float]) -> Measure | None:
