@@ -8,6 +8,7 @@ shows it (``kubectl describe pod``). Exit codes: see ``nvtrain.errors``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 from collections.abc import Callable
@@ -73,8 +74,28 @@ def decide(
     identity: Identity,
     endpoint: str,
     nvrx: NvrxVersion | None,
+    *,
+    storage: str | None = None,
 ) -> Outcome:
-    """The exit code of ``nvtrain run`` and its cause, from ft_launcher's exit ``code``."""
+    """The exit code of ``nvtrain run`` and its cause, from ft_launcher's exit ``code``.
+
+    ``storage``: a problem with the checkpoint volume still current when the run ended (saves
+    or events that could not be written); a run that fails names it in its cause."""
+    outcome = _decide(code, seen, policy, identity, endpoint, nvrx)
+    if storage and outcome.exit_code != ExitCode.OK and seen.signum is None:
+        volume = f"[checkpoint] dir = {json.dumps(policy.checkpoint.dir)}"
+        return Outcome(outcome.exit_code, f"{outcome.cause}. Checkpoint volume ({volume}): {storage}")
+    return outcome
+
+
+def _decide(
+    code: int,
+    seen: Observed,
+    policy: Policy,
+    identity: Identity,
+    endpoint: str,
+    nvrx: NvrxVersion | None,
+) -> Outcome:
     where = f"pod {identity.hostname} (node {identity.node_rank})"
     if seen.signum is not None:
         name = signal.Signals(seen.signum).name

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
+import secrets
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -52,8 +55,12 @@ _SHOWN = {
     "checkpoint_partial",
     "checkpoint_failed",
 }
-_SHOWN_FIELDS = ("rank", "step", "kind", "layer", "iteration", "origin", "seconds", "finished", "problem")
+_SHOWN_FIELDS = (
+    "rank", "step", "kind", "layer", "iteration", "origin", "seconds", "finished", "problem", "error",
+)  # fmt: skip
 _MAX_TMPDIR = 60
+_PROBE_BYTES = 64 << 10
+"""Written (and synced) into the run's folder at start: a full volume fails here, not later."""
 _STOP_GRACE = 5.0
 """Seconds ft_launcher gets beyond ``stop_timeout`` to exit once told to stop."""
 
@@ -107,22 +114,75 @@ def prepare(
 
 def write_state(policy: Policy, paths: RunPaths) -> None:
     """Write the resolved policy (JSON) that the workers read through ``NVTRAIN_POLICY``,
-    after checking that the run's folder can be written (so a refused start leaves nothing)."""
+    after checking that the run's folder can be written, with room to spare (so a refused start
+    leaves nothing). A storage error is a ``UsageError`` (exit 2) naming the key and the fix."""
+    created = not paths.run_dir.exists()
     try:
         paths.run_dir.mkdir(parents=True, exist_ok=True)
-        probe = paths.run_dir / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        _probe(paths.run_dir)
     except OSError as exc:
+        if created:
+            with contextlib.suppress(OSError):
+                paths.run_dir.rmdir()
+        raise unwritable_run_dir(policy, paths.run_dir, exc) from None
+    try:
+        paths.state_dir.mkdir(parents=True, exist_ok=True)
+        tmp = paths.policy.with_suffix(".tmp")
+        tmp.write_text(policy.model_dump_json(by_alias=True), encoding="utf-8")
+        os.replace(tmp, paths.policy)
+    except OSError as exc:
+        shutil.rmtree(paths.state_dir, ignore_errors=True)
         raise UsageError(
-            f"[checkpoint] dir = {json.dumps(policy.checkpoint.dir)}: cannot write the run's "
-            f"folder {paths.run_dir} ({exc.strerror or exc})",
-            "point [checkpoint] dir at storage this pod can write (the shared checkpoint volume)",
+            f"cannot write the run's state folder {paths.state_dir} in $TMPDIR: {os_error_text(exc)}",
+            "free space in $TMPDIR, or point TMPDIR at a writable folder with room",
         ) from None
-    paths.state_dir.mkdir(parents=True, exist_ok=True)
-    tmp = paths.policy.with_suffix(".tmp")
-    tmp.write_text(policy.model_dump_json(by_alias=True), encoding="utf-8")
-    os.replace(tmp, paths.policy)
+
+
+def _probe(folder: Path) -> None:
+    """Write ``_PROBE_BYTES`` into ``folder`` and sync them, then remove the file. The name is
+    unique: pods share the folder, and a pod's pid may well be another pod's."""
+    probe = folder / f".write-test-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            data = memoryview(bytes(_PROBE_BYTES))
+            while data:
+                data = data[os.write(fd, data) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+
+
+def os_error_text(exc: OSError) -> str:
+    """``No space left on device (ENOSPC)``: the errno's text and name."""
+    code = errno.errorcode.get(exc.errno or 0, "")
+    return (exc.strerror or str(exc)) + (f" ({code})" if code else "")
+
+
+_STORAGE_FIXES = {
+    errno.ENOSPC: "free space on that volume (old runs' checkpoints) or give it more, or point "
+    "[checkpoint] dir at a volume with room",
+    errno.EDQUOT: "raise the volume's quota or free space in it, or point [checkpoint] dir at a "
+    "volume with room",
+    errno.EROFS: "mount the checkpoint volume read-write (readOnly: false in the pod's volumeMounts), "
+    "or point [checkpoint] dir at writable storage",
+    errno.EACCES: "let the pod's user write there (e.g. the pod's securityContext fsGroup), or point "
+    "[checkpoint] dir at storage this pod can write",
+}
+_STORAGE_FIXES[errno.EPERM] = _STORAGE_FIXES[errno.EACCES]
+_ANY_STORAGE_FIX = "point [checkpoint] dir at storage this pod can write (the shared checkpoint volume)"
+
+
+def unwritable_run_dir(policy: Policy, run_dir: Path, exc: OSError) -> UsageError:
+    """The run's folder cannot be written at start: a usage error (exit 2) with the fix."""
+    return UsageError(
+        f"[checkpoint] dir = {json.dumps(policy.checkpoint.dir)}: cannot write the run's "
+        f"folder {run_dir}: {os_error_text(exc)}",
+        _STORAGE_FIXES.get(exc.errno or 0, _ANY_STORAGE_FIX),
+    )
 
 
 class _Watch:
@@ -157,6 +217,8 @@ class _Watch:
         self.hangs: set[int] = set()
         self.same_rank = 0
         self.signum: int | None = None
+        self.storage: dict[str, str] = {}
+        """Storage problems still current, by source (checkpoint saves, the events log)."""
         self.lock = threading.Lock()
 
     def stopped(self) -> bool:
@@ -167,8 +229,30 @@ class _Watch:
         self.events.emit(event, **fields)
         self.report(event, fields)
 
+    def events_log_report(self, event: str, fields: dict[str, Any]) -> None:
+        """The events log's own report (a write that failed, or works again): noted, shown."""
+        if event == "events_log_error":
+            self.storage["events"] = f"the events log {fields['path']} cannot be written: {fields['error']}"
+        elif event == "events_log_resumed":
+            self.storage.pop("events", None)
+        self.report(event, fields)
+
+    def storage_problem(self) -> str | None:
+        """The storage problems still current, in one line (None when there are none)."""
+        return "; ".join(self.storage.values()) or None
+
+    def _note_storage(self, record: dict[str, Any]) -> None:
+        if record.get("event") == "checkpoint_failed":
+            self.storage["checkpoint"] = (
+                f"the checkpoint of step {record.get('step')} was not saved: {record.get('error')} "
+                f"({record.get('failed_in_a_row', 1)} failed save(s) in a row)"
+            )
+        elif record.get("event") in ("checkpoint_committed", "checkpoint_already_committed"):
+            self.storage.pop("checkpoint", None)
+
     def _progress(self) -> int | None:
         for record in self.tail.poll():
+            self._note_storage(record)
             if record.get("event") == "step" and isinstance(record.get("step"), int):
                 self.last_step = max(self.last_step or 0, record["step"])
             if record.get("source") != "launcher" and record.get("event") in _SHOWN:
@@ -266,13 +350,21 @@ def supervise(
     write_state(policy, paths)
     try:
         metrics = _serve_metrics(policy, identity, paths)
+        try:  # makes the run's folder, written a moment ago: fails only if it fails now
+            events = EventLog(
+                paths.events, node=identity.node_rank, run_id=identity.run_id, source="launcher"
+            )
+        except OSError as exc:
+            if metrics:
+                metrics.close()
+            raise unwritable_run_dir(policy, paths.run_dir, exc) from None
     except BaseException:
         shutil.rmtree(paths.state_dir, ignore_errors=True)
         raise
     report = report or (lambda event, fields: None)
-    events = EventLog(paths.events, node=identity.node_rank, run_id=identity.run_id, source="launcher")
-    events.report = report  # a failed write (full checkpoint volume) is reported, never raised
     watch = _Watch(policy, events, report)
+    # A failed write (full checkpoint volume) is reported, never raised; and noted for the cause.
+    events.report = watch.events_log_report
     shown = {"metrics_port": metrics.port} if metrics else {}
     watch.emit("launcher_start", argv=plan.argv, endpoint=plan.endpoint, is_host=plan.is_host, **shown)
     become_subreaper()
@@ -307,7 +399,7 @@ def supervise(
         shutil.rmtree(paths.state_dir, ignore_errors=True)
         if metrics:
             metrics.close()
-    outcome = decide(code, watch, policy, identity, plan.endpoint, nvrx)
+    outcome = decide(code, watch, policy, identity, plan.endpoint, nvrx, storage=watch.storage_problem())
     watch.emit("launcher_exit", exit_code=outcome.exit_code, cause=outcome.cause)
     write_termination_log(outcome.cause, watch.report)
     return outcome

@@ -22,6 +22,14 @@ the newer ones that do not and the step folders without COMMITTED, so no later s
 retention takes them for good ones. Retention keeps the checkpoint just committed (verified by
 construction) and the ``keep - 1`` committed ones before it; newer folders are neither counted
 nor deleted.
+
+A save that fails for a storage error (``OSError``: a full or read-only volume, an I/O error) on
+any rank is dropped, never committed: the ranks agree on it in ``wait`` (the next save's, or
+``close``), rank 0 removes its partial folder (freeing what it took), logs one
+``checkpoint_failed`` event and writes one line to stderr, and training goes on; the next save is
+tried as usual. Failures in a row do not escalate: a run without new checkpoints still trains,
+and ``checkpoint_failed`` says how many saves in a row failed. Any other error is raised on the
+rank where it happened, as before.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import errno
+import io
 import json
 import os
 import random
@@ -44,6 +54,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
@@ -51,6 +63,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from nvtrain.config.schema import Checkpoint as CheckpointPolicy
 from nvtrain.events import EventLog
+from nvtrain.worker.settings import say
 
 __all__ = ["Checkpointer", "CorruptCheckpoint", "committed_steps"]
 
@@ -89,6 +102,64 @@ def _write_durable(path: Path, data: bytes) -> None:
         os.fsync(handle.fileno())
     os.replace(tmp, path)
     _fsync_dir(path.parent)
+
+
+def _storage_error(exc: BaseException) -> OSError | None:
+    """The ``OSError`` behind ``exc`` (a full, read-only or failing volume), if there is one.
+    torch's ``CheckpointException`` carries each rank's own exception in ``failures``."""
+    todo: list[BaseException | None] = [exc]
+    seen: set[int] = set()
+    while todo:
+        item = todo.pop(0)
+        if item is None or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, OSError) and not isinstance(item, ConnectionError):
+            return item
+        failures = getattr(item, "failures", None)
+        if isinstance(failures, dict):
+            todo += [
+                f[0]
+                for f in failures.values()
+                if isinstance(f, tuple) and f and isinstance(f[0], BaseException)
+            ]
+        todo += [item.__cause__, item.__context__]
+    return None
+
+
+def _os_error_text(exc: OSError) -> str:
+    """``No space left on device (ENOSPC): /path`` (the path when the error names one)."""
+    code = errno.errorcode.get(exc.errno or 0, "")
+    text = (exc.strerror or str(exc)) + (f" ({code})" if code else "")
+    return text + (f": {exc.filename}" if exc.filename else "")
+
+
+_Failure = tuple[str, str, str]
+"""A rank's failed part of a save: (what went wrong, in one line; the errno's name or ""; kind:
+``storage``, ``peer`` (written here, failed elsewhere) or ``other`` (raised on its rank))."""
+_KINDS = ("storage", "other", "peer")
+"""Which rank's failure a report names first."""
+
+
+class _WatchedFileSystem(FileSystem):
+    """torch's file system for checkpoint shards, keeping the ``OSError`` behind a failed write:
+    torch's stream writer turns a full volume into a ``RuntimeError``, and torch hands a rank's
+    error to the others pickled, without its cause."""
+
+    def __init__(self, errors: list[OSError]) -> None:
+        super().__init__()
+        self.errors = errors
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
+        try:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+        except BaseException as exc:
+            cause = _storage_error(exc)
+            if cause is not None:
+                self.errors.append(cause)
+            raise
 
 
 def committed_steps(run_dir: Path) -> list[int]:
@@ -220,13 +291,25 @@ class _Save:
         folder: Path,
         future: concurrent.futures.Future[Any] | None,
         held: _Held | None = None,
+        *,
+        error: BaseException | None = None,
+        io_errors: list[OSError] | None = None,
+        inline: bool = False,
     ):
         self.held = held
+        self.io_errors = io_errors if io_errors is not None else []
+        """Storage errors torch met writing this rank's shards (see ``_WatchedFileSystem``)."""
         self.step = step
         self.folder = folder
         self.future = future
+        self.inline = inline
+        """A sync save: rank 0 commits in ``wait``, once every rank's part is known to be written."""
+        self.written = threading.Event()
+        """This rank's files and manifest are written, or failed (``error``)."""
+        self.cancelled = False
+        """Another rank's part failed: rank 0 stops waiting for its manifest, commits nothing."""
         self.done = threading.Event()
-        self.error: BaseException | None = None
+        self.error = error
         self.started = time.monotonic()
         self.settling = False
         self.settled = threading.Event()
@@ -270,6 +353,10 @@ class Checkpointer:
         self.aborted = False
         self.stager: Any = None
         self.last_saved: int | None = None
+        self.newest_committed: int | None = None
+        """The newest checkpoint this attempt restored or committed."""
+        self.failed_in_a_row = 0
+        """Saves dropped in a row (storage errors); 0 after a commit."""
 
     # -- helpers ---------------------------------------------------------------------------
     def _emit(self, event: str, **fields: Any) -> None:
@@ -321,25 +408,41 @@ class Checkpointer:
         self.wait()  # the previous save is finalized before the next starts
         waited = time.monotonic() - t0
         folder = self.run_dir / f"step-{step:06d}.partial-{self._broadcast_token()}"
-        folder.mkdir(parents=True, exist_ok=True)
+        # A storage error here is kept for wait(): this rank still takes part in the save's
+        # collectives (torch's fail on every rank together), and the save is then dropped.
+        failed: OSError | None = None
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            failed = exc
         self._emit("checkpoint_begin", step=step, waited_for_previous_s=round(waited, 6))
         _IN_MEMORY.pop(str(self.run_dir), None)  # the staging buffers are about to change
         state = self._state()
         nbytes = _nbytes(state)
         extra_state = self._extra_state(step)
-        torch.save(extra_state, folder / f"extra-rank{self.rank}.pt")
+        if failed is None:
+            buffer = io.BytesIO()  # written by Python, so that a full volume is an OSError
+            torch.save(extra_state, buffer)
+            try:
+                (folder / f"extra-rank{self.rank}.pt").write_bytes(buffer.getbuffer())
+            except OSError as exc:
+                failed = exc
         t1 = time.monotonic()
+        io_errors: list[OSError] = []
+        writer = FileSystemWriter(str(folder))
+        writer.fs = _WatchedFileSystem(io_errors)
         if self.policy.async_:
             response = dcp_async_save(
                 state,
                 checkpoint_id=str(folder),
+                storage_writer=writer,
                 process_group=self.group,
                 async_stager=self._get_stager(),
             )
             future: Any = getattr(response, "upload_completion", response)
             staged = time.monotonic()
             held = _Held(step, self.stager.last_staged, extra_state) if self.stager else None
-            save = _Save(step, folder, future, held)
+            save = _Save(step, folder, future, held, error=failed, io_errors=io_errors)
             self._emit(
                 "checkpoint_staged",
                 step=step,
@@ -357,8 +460,11 @@ class Checkpointer:
         # Sync: the loop waits for the write, the manifests and the commit. ``write_s`` is
         # that part; ``blocked_s`` is all of it.
         with self._paused():
-            save = _Save(step, folder, None)
-            dcp_save(state, checkpoint_id=str(folder), process_group=self.group)
+            save = _Save(step, folder, None, error=failed, io_errors=io_errors, inline=True)
+            try:
+                dcp_save(state, checkpoint_id=str(folder), storage_writer=writer, process_group=self.group)
+            except (Exception, CheckpointException) as exc:  # told, and dealt with, in wait()
+                save.error = save.error or exc
             self._finish(save)
         self.inflight = save
         self.last_saved = step
@@ -380,41 +486,60 @@ class Checkpointer:
         return self.stager
 
     def _finish(self, save: _Save) -> None:
-        """Background: wait for this rank's write, write its manifest; rank 0 commits."""
+        """Background (inline for a sync save): wait for this rank's write, write its manifest;
+        rank 0 then commits (a sync save's commit waits for ``wait``). Never raises: an error is
+        kept in ``save.error`` for ``wait``."""
         try:
             if save.future is not None:
                 save.future.result()
-            if self.aborted:
-                return
-            mine = sorted(
-                p
-                for p in save.folder.iterdir()
-                if p.is_file()
-                and (
-                    p.name.startswith(f"__{self.rank}_")
-                    or p.name == f"extra-rank{self.rank}.pt"
-                    or (self.rank == 0 and p.name == ".metadata")
-                )
-            )
-            manifest = {p.name: {"size": p.stat().st_size, "crc32": _crc(p)} for p in mine}
-            _write_durable(
-                save.folder / f"manifest-rank{self.rank}.json", json.dumps(manifest, sort_keys=True).encode()
-            )
-            if save.held is not None and save.held.state is not None:
-                _IN_MEMORY[str(self.run_dir)] = save.held
-            if self.rank == 0:
+            if save.error is None and not self.aborted:
+                self._write_manifest(save)
+        except BaseException as exc:  # reported by wait(); never kills the trainer thread
+            save.error = save.error or exc
+        finally:
+            save.written.set()
+        if not save.inline:
+            self._commit_once(save)
+
+    def _commit_once(self, save: _Save) -> None:
+        """Rank 0 commits ``save`` unless it failed somewhere; every rank then marks it done."""
+        try:
+            if self.rank == 0 and save.error is None and not save.cancelled and not self.aborted:
                 self._commit(save)
         except BaseException as exc:  # reported by wait(); never kills the trainer thread
             save.error = exc
         finally:
             save.done.set()
 
+    def _write_manifest(self, save: _Save) -> None:
+        mine = sorted(
+            p
+            for p in save.folder.iterdir()
+            if p.is_file()
+            and (
+                p.name.startswith(f"__{self.rank}_")
+                or p.name == f"extra-rank{self.rank}.pt"
+                or (self.rank == 0 and p.name == ".metadata")
+            )
+        )
+        manifest = {p.name: {"size": p.stat().st_size, "crc32": _crc(p)} for p in mine}
+        _write_durable(
+            save.folder / f"manifest-rank{self.rank}.json", json.dumps(manifest, sort_keys=True).encode()
+        )
+        if save.held is not None and save.held.state is not None:
+            _IN_MEMORY[str(self.run_dir)] = save.held
+
     def _commit(self, save: _Save) -> None:
         deadline = time.monotonic() + 600.0
         names = [f"manifest-rank{r}.json" for r in range(self.world)]
         while not all((save.folder / n).is_file() for n in names):
-            if self.aborted or time.monotonic() > deadline:
+            if self.aborted or save.cancelled:
                 return
+            if time.monotonic() > deadline:
+                missing = [n for n in names if not (save.folder / n).is_file()]
+                raise TimeoutError(
+                    errno.ETIMEDOUT, f"{', '.join(missing)} not written within 600 s", str(save.folder)
+                )
             time.sleep(0.05)
         files: dict[str, Any] = {}
         for name in names:
@@ -447,14 +572,20 @@ class Checkpointer:
                 write_s=round(time.monotonic() - save.started, 6),
                 bytes=sum(int(f["size"]) for f in files.values()),
             )
-        self._retain(save.step)
+        with contextlib.suppress(OSError):  # retention is tried again after the next commit
+            self._retain(save.step)
 
     def _reject(self, folder: Path, step: int, problem: str) -> None:
         """Rank 0: move a damaged step folder aside, so it is never restored, kept as a commit
         or counted by retention (``_retain`` deletes it once a later step is committed)."""
         aside = folder.with_name(f"{folder.name}.rejected-{secrets.token_hex(4)}")
-        os.rename(folder, aside)
-        _fsync_dir(folder.parent)
+        try:
+            os.rename(folder, aside)
+            _fsync_dir(folder.parent)
+        except OSError as exc:  # a read-only volume: restore skips it all the same
+            error = _os_error_text(exc)
+            self._emit("checkpoint_rejected", step=step, path=str(folder), problem=problem, error=error)
+            return
         self._emit("checkpoint_rejected", step=step, path=str(folder), moved_to=str(aside), problem=problem)
 
     def _retain(self, newest: int) -> None:
@@ -471,17 +602,92 @@ class Checkpointer:
                 shutil.rmtree(entry, ignore_errors=True)
 
     def wait(self) -> None:
-        """Block until the save in flight is written and (on rank 0) committed."""
+        """Block until the save in flight is written and (rank 0) committed, or has failed.
+
+        Every rank calls it (before each save, and in ``close``): the ranks first tell each
+        other whether their part was written, so rank 0 never waits for a part that will not
+        come, then learn from rank 0 whether it committed. A failed save is dropped (see the
+        module's docstring); an error other than a storage error is raised here, on its rank."""
         save, self.inflight = self.inflight, None
         if save is None:
             return
         with self._paused():
+            save.written.wait()
+            failures = {r: f for r, f in enumerate(self._all_gather(self._failure(save))) if f}
+            save.cancelled = bool(failures)
+            if save.inline:
+                self._commit_once(save)
             save.done.wait()
-        if save.error is not None:
-            self._emit("checkpoint_failed", step=save.step, error=repr(save.error))
+            if not failures:  # rank 0's commit: every rank knows it is done (or failed)
+                committed = self._from_rank0(self._failure(save))
+                failures = {0: committed} if committed else {}
+        if not failures:
+            self.failed_in_a_row = 0
+            self.newest_committed = save.step
+            return
+        self._dropped(save, failures)
+        mine = failures.get(self.rank)
+        if mine is not None and mine[2] == "other" and save.error is not None:
             raise save.error
-        if self.distributed:
-            dist.barrier(group=self.group)  # every rank knows the save is committed
+
+    def _failure(self, save: _Save) -> _Failure | None:
+        """This rank's part of ``save`` in one line; None when it was written (and committed)."""
+        exc = save.error
+        if exc is None:
+            return None
+        cause = save.io_errors[0] if save.io_errors else _storage_error(exc)
+        if cause is not None:
+            return _os_error_text(cause), errno.errorcode.get(cause.errno or 0, ""), "storage"
+        if isinstance(exc, CheckpointException) and self.rank not in exc.failures:
+            return "written here, failed on another rank", "", "peer"
+        return repr(exc)[:300].replace("\n", " "), "", "other"
+
+    def _all_gather(self, failure: _Failure | None) -> list[_Failure | None]:
+        if not self.distributed:
+            return [failure]
+        everyone: list[_Failure | None] = [None] * self.world
+        dist.all_gather_object(everyone, failure, group=self.group)
+        return everyone
+
+    def _from_rank0(self, failure: _Failure | None) -> _Failure | None:
+        if not self.distributed:
+            return failure
+        box = [failure]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def _dropped(self, save: _Save, failures: dict[int, _Failure]) -> None:
+        """Every rank: forget the failed save; rank 0 also removes its partial folder, which may
+        hold most of a checkpoint's bytes on a full volume, and reports it once."""
+        self.failed_in_a_row += 1
+        held = _IN_MEMORY.get(str(self.run_dir))
+        if held is not None and held.step == save.step:
+            _IN_MEMORY.pop(str(self.run_dir), None)
+        if self.rank != 0:
+            return
+        shutil.rmtree(save.folder, ignore_errors=True)  # nobody writes to it any more
+        named = min(failures, key=lambda r: (_KINDS.index(failures[r][2]), r))
+        text, code, kind = failures[named]
+        ranks = sorted(r for r, f in failures.items() if f[2] != "peer") or sorted(failures)
+        self._emit(
+            "checkpoint_failed",
+            step=save.step,
+            error=text,
+            errno=code,
+            ranks=ranks,
+            path=str(save.folder),
+            failed_in_a_row=self.failed_in_a_row,
+        )
+        where = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+        newest = "none yet" if self.newest_committed is None else f"step {self.newest_committed}"
+        if kind != "other":
+            then = (
+                f"training goes on; the next save tries again ({self.failed_in_a_row} failed in a row; "
+                f"newest checkpoint: {newest})"
+            )
+        else:
+            then = f"the error is raised on {where}"
+        say(f"checkpoint of step {save.step} not saved ({where}): {text}; {then}")
 
     def close(self) -> None:
         self.wait()
@@ -582,7 +788,7 @@ class Checkpointer:
                         self._reject(folder, step, problem)
                     continue
                 self._load(folder)
-                self.last_saved = step
+                self.last_saved = self.newest_committed = step
                 self._emit(
                     "checkpoint_restored",
                     step=step,
@@ -626,7 +832,7 @@ class Checkpointer:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         self._apply(restored, held.extra)
-        self.last_saved = newest
+        self.last_saved = self.newest_committed = newest
         self._emit(
             "checkpoint_restored",
             step=newest,

@@ -7,15 +7,38 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from nvtrain.config.schema import Policy
 from nvtrain.events import EventLog
 
-__all__ = ["WorkerSettings", "load_settings"]
+__all__ = ["WorkerSettings", "load_settings", "say"]
+
+
+def say(message: str) -> None:
+    """One line on this worker's stderr (ft_launcher passes it to the pod's log), prefixed with
+    the rank; a failing stderr is ignored (this only ever reports a problem)."""
+    rank = os.environ.get("RANK", "0")
+    with contextlib.suppress(OSError, ValueError):
+        print(f"nvtrain worker rank {rank}: {message}", file=sys.stderr, flush=True)
+
+
+def _report_events_log(event: str, fields: dict[str, Any]) -> None:
+    """An ``EventLog`` problem in one line: a worker goes on training when its events log cannot
+    be written (a full or read-only checkpoint volume); the events are dropped meanwhile."""
+    if event == "events_log_error":
+        say(
+            f"cannot write the events log {fields['path']}: {fields['error']}; training goes on, "
+            "its events are dropped until the log can be written again"
+        )
+    elif event == "events_log_resumed":
+        say(f"the events log {fields['path']} is written again; {fields['dropped']} event(s) were dropped")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +52,9 @@ class WorkerSettings:
     def events(self, **common: object) -> EventLog | None:
         if self.events_path is None:
             return None
-        return EventLog(self.events_path, run_id=self.run_id, source="worker", **common)
+        log = EventLog(self.events_path, run_id=self.run_id, source="worker", **common)
+        log.report = _report_events_log  # a failed write is reported once, never raised
+        return log
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> WorkerSettings:
