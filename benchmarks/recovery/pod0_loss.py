@@ -77,7 +77,7 @@ nproc_per_node = 1
 max_steps = {args.steps}
 backend = "gloo"
 stop_timeout = "10s"
-collective_timeout = "15s"
+collective_timeout = "8s"
 
 [rendezvous]
 nodes = {args.nodes}

@@ -56,10 +56,12 @@ def policy_text(arm: str, mode: str, args: argparse.Namespace, ckpt: Path, port:
         kinds = args.kinds.split(",")
         rank, kind = (i + 1) % args.nproc, kinds[i % len(kinds)]
         faults.append(f'[[faults]]\nstep = {step}\nrank = {rank}\nkind = "{kind}"\n')
-    in_process = "true" if arm == "in-process" else "false"
+    base, _, window = arm.partition("@")  # "in-process@100ms": that [restart.in_process] failure_window
+    in_process = "true" if base == "in-process" else "false"
+    window_line = f'failure_window = "{window}"\n' if window else ""
     extra = "".join(f', "{a}"' for a in args.demo_args.split())
     return f"""[job]
-name = "sbs-{arm}-{mode}"
+name = "sbs-{base}-{mode}"
 module = "nvtrain.demo"
 args = ["--steps", "{steps}", "--step-time", "{args.step_time}", "--log-every", "10"{extra}]
 nproc_per_node = {args.nproc}
@@ -82,7 +84,7 @@ enabled = {in_process}
 soft_timeout = "{args.soft_timeout}"
 hard_timeout = "{args.hard_timeout}"
 max_attempts = 10
-
+{window_line}
 [restart.in_job]
 max_restarts = 10
 
@@ -218,8 +220,9 @@ def table(results: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     medians: dict[str, float] = {}
+    pooled: dict[str, list[float]] = {}
     for key, run in results["runs"].items():
-        arm, mode = key.split("/")
+        arm, mode = key.split("#")[0].split("/")
         rep = run["report"]
         if "error" in rep:
             rows.append(
@@ -229,7 +232,7 @@ def table(results: dict[str, Any]) -> str:
             continue
         rec = [i["recovery_s"] for i in rep["incidents"] if i.get("recovery_s") is not None]
         d = _dist(rec)
-        medians[key] = d.get("median", float("nan"))
+        pooled.setdefault(f"{arm}/{mode}", []).extend(rec)
         layers = ", ".join(f"{n} {v}" for n, v in sorted(rep["restarts"]["by_layer"].items()))
         rows.append(
             f"| {arm} | {mode} | {run['exit_code']} | {run['wall_s']:.1f} | {len(rep['incidents'])} "
@@ -237,16 +240,16 @@ def table(results: dict[str, Any]) -> str:
             f"| {rep['goodput']['training']:.1%} | {rep['goodput']['infrastructure']:.1%} "
             f"| {rep['steps']['rolled_back']} |"
         )
+    medians = {key: statistics.median(values) for key, values in pooled.items() if values}
     ratios = []
     for key, median in medians.items():
         arm, mode = key.split("/")
-        base = medians.get(f"pod/{mode}")
-        if base and arm != "pod":
-            ratios.append(f"{arm}/{mode}: {median / base:.2f}")
+        first = next(k for k in medians if k.endswith(f"/{mode}"))
+        ratios.append(f"{arm}/{mode}: median {median:.2f} s, x{median / medians[first]:.2f}")
     rows.append("")
     rows.append(
-        "median recovery relative to the pod-restart arm (same checkpoint mode): "
-        + ("; ".join(ratios) or "n/a")
+        "median recovery of every incident of each arm (repeats pooled), and its ratio to the "
+        "first arm's (same checkpoint mode): " + ("; ".join(ratios) or "n/a")
     )
     return "\n".join(rows)
 
@@ -263,7 +266,7 @@ def main() -> None:
     parser.add_argument(
         "--collective-timeout",
         default=None,
-        help='default: "6s" with gloo (below the hard timeout: gloo cannot abort), "12s" with NCCL '
+        help='default: "3s" with gloo (below the soft timeout: gloo cannot abort), "12s" with NCCL '
         "(above it: NCCL collectives are aborted by the in-process layer)",
     )
     parser.add_argument("--soft-timeout", default="4s")
@@ -288,6 +291,7 @@ def main() -> None:
     )
     parser.add_argument("--finish-in-flight", default="true", choices=["true", "false"])
     parser.add_argument("--timeout", type=float, default=400.0, help="per run, seconds")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per arm, arms alternating")
     parser.add_argument("--out", type=Path, default=Path("/tmp/nvtrain-side-by-side"))
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
@@ -299,7 +303,7 @@ def main() -> None:
     args = parser.parse_args()
     LIVENESS[0] = args.liveness
     if args.collective_timeout is None:
-        args.collective_timeout = "6s" if args.backend == "gloo" else "12s"
+        args.collective_timeout = "3s" if args.backend == "gloo" else "12s"
     if args.summarize:
         results = json.loads(args.summarize.read_text())
         for run in results["runs"].values():
@@ -314,32 +318,34 @@ def main() -> None:
         "args": {k: str(v) for k, v in vars(args).items()},
         "runs": {},
     }
-    for mode in args.modes.split(","):
-        for arm in args.arms.split(","):
-            key = f"{arm}/{mode}"
-            run_id = f"{arm}-{mode}-{int(time.time())}"
-            ckpt = args.out / "ckpt"
-            policy = args.out / f"{arm}-{mode}.toml"
-            policy.write_text(policy_text(arm, mode, args, ckpt, free_port()))
-            log = args.out / f"{arm}-{mode}.log"
-            t0 = time.monotonic()
-            runner = run_pod_restarts if arm == "pod" else run_nvtrain
-            code = runner(policy, run_id, log, args.timeout)
-            wall = time.monotonic() - t0
-            # torchrun starts each worker in a session of its own, so a killed "pod" can leave a
-            # hung worker behind (holding its GPU memory); nothing may outlive its arm
-            leftovers = kill_all(timeout=0.0)
-            rep = report(ckpt / run_id)
-            results["runs"][key] = {
-                "exit_code": code,
-                "wall_s": round(wall, 2),
-                "leftover_processes": len(leftovers),
-                "run_dir": str(ckpt / run_id),
-                "report": rep,
-            }
-            print(f"{key}: exit {code}, {wall:.1f} s, {len(leftovers)} leftover processes", flush=True)
-            if args.json:  # after every run, so a run cut short still leaves its results
-                args.json.write_text(json.dumps(results, indent=2))
+    for repeat in range(args.repeats):
+        for mode in args.modes.split(","):
+            for arm in args.arms.split(","):
+                key = f"{arm}/{mode}" + (f"#{repeat + 1}" if args.repeats > 1 else "")
+                name = arm.replace("@", "-")
+                run_id = f"{name}-{mode}-{repeat}-{int(time.time())}"
+                ckpt = args.out / "ckpt"
+                policy = args.out / f"{name}-{mode}-{repeat}.toml"
+                policy.write_text(policy_text(arm, mode, args, ckpt, free_port()))
+                log = args.out / f"{name}-{mode}-{repeat}.log"
+                t0 = time.monotonic()
+                runner = run_pod_restarts if arm == "pod" else run_nvtrain
+                code = runner(policy, run_id, log, args.timeout)
+                wall = time.monotonic() - t0
+                # torchrun starts each worker in a session of its own, so a killed "pod" can leave a
+                # hung worker behind (holding its GPU memory); nothing may outlive its arm
+                leftovers = kill_all(timeout=0.0)
+                rep = report(ckpt / run_id)
+                results["runs"][key] = {
+                    "exit_code": code,
+                    "wall_s": round(wall, 2),
+                    "leftover_processes": len(leftovers),
+                    "run_dir": str(ckpt / run_id),
+                    "report": rep,
+                }
+                print(f"{key}: exit {code}, {wall:.1f} s, {len(leftovers)} leftover processes", flush=True)
+                if args.json:  # after every run, so a run cut short still leaves its results
+                    args.json.write_text(json.dumps(results, indent=2))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     print(

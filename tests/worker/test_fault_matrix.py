@@ -14,15 +14,12 @@ started is left, and no recovery phase in ``nvtrain report`` waited out a stop t
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import pytest
 from worker_helpers import (
     RunResult,
     assert_clean_exit,
     assert_no_stop_timeout_waited,
-    free_port_pair,
+    demo_tables,
     run_nvtrain,
     write_policy,
 )
@@ -31,7 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 RANKS = 4
 STEPS = 60
-STOP_TIMEOUT = 10.0
+STOP_TIMEOUT = 10.0  # the policy's stop_timeout (demo_tables)
 """ft_launcher's ``--workers-stop-timeout`` (min(stop_timeout, 15 s)): a survivor that ignored
 SIGTERM would cost this much in the teardown of an in-job restart."""
 
@@ -46,39 +43,11 @@ IN_PROCESS = {"exception", "hang"}
 RUN_TIMEOUT = 200.0
 
 
-def tables(checkpoint_dir: Path, *, name: str, ranks: int, steps: int) -> dict[str, dict[str, Any]]:
-    """A demo policy for fault-matrix runs: short timeouts that still hold on a loaded 2-core
-    machine (a hang is seen after 4 s; gloo collectives blocked by a dead peer time out at 6 s)."""
-    return {
-        "job": {
-            "name": name,
-            "module": "nvtrain.demo",
-            "args": ["--steps", str(steps), "--step-time", "0", "--log-every", "1"],
-            "nproc_per_node": ranks,
-            "max_steps": steps,
-            "backend": "gloo",
-            "collective_timeout": "6s",
-            "stop_timeout": f"{STOP_TIMEOUT:g}s",
-        },
-        "rendezvous": {"nodes": 1, "port": free_port_pair(), "join_timeout": "60s"},
-        "heartbeat": {"initial_timeout": "90s", "timeout": "12s", "monitor_interval": "1s"},
-        "restart": {"escalate_after": 5},
-        "restart.in_process": {
-            "enabled": True,
-            "max_attempts": 5,
-            "soft_timeout": "4s",
-            "hard_timeout": "10s",
-        },
-        "restart.in_job": {"max_restarts": 5},
-        "checkpoint": {"dir": str(checkpoint_dir), "interval": 5, "async": True, "keep": 2},
-    }
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
     root = tmp_path_factory.mktemp("matrix")
     checkpoints = root / "ckpt"
-    policy = tables(checkpoints, name="fault-matrix", ranks=RANKS, steps=STEPS)
+    policy = demo_tables(checkpoints, name="fault-matrix", ranks=RANKS, steps=STEPS)
     clean_policy = write_policy(root / "clean.toml", policy)
     faulty_policy = write_policy(root / "faulty.toml", policy, FAULTS)
     clean = run_nvtrain(clean_policy, "clean", checkpoints, root, RUN_TIMEOUT)

@@ -42,7 +42,7 @@ def test_sigterm_during_an_async_write_commits_it_then_exits_143(tmp_path: Path)
             ],
             "nproc_per_node": 2,
             "backend": "gloo",
-            "collective_timeout": "30s",
+            "collective_timeout": "15s",
             "stop_timeout": "40s",
         },
         "rendezvous": {"nodes": 1, "port": free_port_pair(), "join_timeout": "60s"},

@@ -267,3 +267,32 @@ def assert_no_stop_timeout_waited(run: RunResult, stop_timeout: float) -> None:
         phases = incident.phases
         stop = sum(phases.get(k) or 0.0 for k in ("detection", "teardown", "rendezvous"))
         assert stop < stop_timeout, (incident.index, incident.cause, phases)
+
+
+def demo_tables(checkpoint_dir: Path, *, name: str, ranks: int, steps: int) -> dict[str, dict[str, Any]]:
+    """A demo policy for fault-matrix runs: short timeouts that still hold on a loaded 2-core
+    machine (a hang is seen after 5 s; gloo collectives blocked by a dead peer time out at 4 s,
+    before the soft timeout as validate requires)."""
+    return {
+        "job": {
+            "name": name,
+            "module": "nvtrain.demo",
+            "args": ["--steps", str(steps), "--step-time", "0", "--log-every", "1"],
+            "nproc_per_node": ranks,
+            "max_steps": steps,
+            "backend": "gloo",
+            "collective_timeout": "4s",
+            "stop_timeout": "10s",
+        },
+        "rendezvous": {"nodes": 1, "port": free_port_pair(), "join_timeout": "60s"},
+        "heartbeat": {"initial_timeout": "90s", "timeout": "12s", "monitor_interval": "1s"},
+        "restart": {"escalate_after": 5},
+        "restart.in_process": {
+            "enabled": True,
+            "max_attempts": 5,
+            "soft_timeout": "5s",
+            "hard_timeout": "10s",
+        },
+        "restart.in_job": {"max_restarts": 5},
+        "checkpoint": {"dir": str(checkpoint_dir), "interval": 5, "async": True, "keep": 2},
+    }

@@ -19,10 +19,11 @@ import nvtrain.worker as nw
 
 def build(ctx: nw.Context, width: int, depth: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
-    layers: list[torch.nn.Module] = [torch.nn.Linear(32, width), torch.nn.ReLU()]
-    for _ in range(depth):
-        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 1)).to(ctx.device)
+    with torch.device(ctx.device):  # initialised where it trains: no host-side init and copy
+        layers: list[torch.nn.Module] = [torch.nn.Linear(32, width), torch.nn.ReLU()]
+        for _ in range(depth):
+            layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+        model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 1))
     if ctx.world_size > 1:
         from torch.distributed.fsdp import fully_shard
 
@@ -54,7 +55,10 @@ def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str
 
 
 def main(ctx: nw.Context, args: argparse.Namespace) -> None:
-    model, optimizer = build(ctx, args.width, args.depth)
+    if ctx.world_size == 1:  # no process group inside: an in-process restart may keep them
+        model, optimizer = ctx.reuse("model", lambda: build(ctx, args.width, args.depth))
+    else:
+        model, optimizer = build(ctx, args.width, args.depth)
     ctx.checkpointer(model, optimizer)
     print(
         f"DEMO rank {ctx.rank}/{ctx.world_size} starts at step {ctx.start_step + 1} "
@@ -76,7 +80,9 @@ def main(ctx: nw.Context, args: argparse.Namespace) -> None:
         ctx.step_done(step, loss=round(loss.item(), 6))
     if dist.is_initialized():
         dist.barrier()
-    print(f"DEMO rank {ctx.rank} finished fingerprint {fingerprint(model, optimizer)}", flush=True)
+    with ctx.section():  # hashing a large model takes seconds: not a hang
+        digest = fingerprint(model, optimizer)
+    print(f"DEMO rank {ctx.rank} finished fingerprint {digest}", flush=True)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ This package imports torch; NVRx is imported only when in-process restart or hea
 """
 
 from nvtrain.worker.checkpoint import Checkpointer, CorruptCheckpoint, committed_steps
-from nvtrain.worker.context import Context
+from nvtrain.worker.context import Context, KeptStateLost
 from nvtrain.worker.faults import InjectedFault
 from nvtrain.worker.restart import run
 from nvtrain.worker.stopping import Stopped
@@ -26,6 +26,7 @@ __all__ = [
     "Context",
     "CorruptCheckpoint",
     "InjectedFault",
+    "KeptStateLost",
     "Stopped",
     "committed_steps",
     "run",

@@ -6,23 +6,34 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from nvtrain.config.schema import Policy
 from nvtrain.events import EventLog
-from nvtrain.worker.checkpoint import Checkpointer
+from nvtrain.worker.checkpoint import Checkpointer, committed_steps
 from nvtrain.worker.faults import FaultInjector
 from nvtrain.worker.heartbeat import Heartbeat
 
-__all__ = ["Context"]
+__all__ = ["Context", "KeptStateLost"]
 
 _STEP_SAMPLE = 10
 """Step timings are written to the events log every this many steps (and every saved step)."""
+
+T = TypeVar("T")
+
+_KEPT: dict[tuple[str, str], tuple[tuple[int, int], Any]] = {}
+"""Objects kept by ``Context.reuse`` per (run directory, key), with the (rank, world size) of
+the attempt that built them; they live as long as the process (in-process restarts)."""
+
+
+class KeptStateLost(RuntimeError):
+    """An object kept from the previous attempt could not be brought back to a checkpoint (none
+    could be restored): it is dropped, and the next attempt builds it afresh."""
 
 
 class Context:
@@ -66,6 +77,7 @@ class Context:
         self._last_logged: int | None = None
         # The main thread (leaving an attempt) and NVRx's abort thread both log the last step.
         self._log_lock = threading.Lock()
+        self._reused: list[str] = []
 
     def checkpointer(
         self,
@@ -91,7 +103,38 @@ class Context:
         )
         self.start_step = self._checkpointer.restore()
         self.heartbeat.beat()
+        if self._reused and self.start_step == 0:
+            for key in self._reused:
+                _KEPT.pop((str(self.run_dir), key), None)
+            raise KeptStateLost(
+                f"no checkpoint could be restored into {', '.join(self._reused)} kept from the "
+                "previous attempt; the next attempt builds them again"
+            )
         return self._checkpointer
+
+    def reuse(self, key: str, build: Callable[[], T]) -> T:
+        """``build()`` once per process: a later in-process attempt of the same rank and world
+        size gets the same object back instead of building it again, when a checkpoint exists to
+        restore into it (the model and optimizer of a large job take seconds to build; the
+        restore overwrites their state). Keep only what holds no process group: a module wrapped
+        by FSDP or DDP holds the group of the attempt that built it, which the restart destroyed
+        (the demo keeps its model only in a world of one). If the restore then finds nothing,
+        ``checkpointer()`` drops the kept objects and raises :class:`KeptStateLost`, and the next
+        attempt builds them afresh."""
+        slot = (str(self.run_dir), key)
+        shape = (self.rank, self.world_size)
+        kept = _KEPT.get(slot)
+        if kept is not None and kept[0] == shape and self._restorable():
+            self._reused.append(key)
+            if self.events is not None:
+                self.events.emit("object_reused", rank=self.rank, key=key, iteration=self.iteration)
+            return kept[1]  # type: ignore[no-any-return]
+        value = build()
+        _KEPT[slot] = (shape, value)
+        return value
+
+    def _restorable(self) -> bool:
+        return bool(committed_steps(self.run_dir))
 
     def step_done(self, step: int, **metrics: float) -> None:
         """Call after every optimizer step: heartbeat, progress, checkpoint when due, faults."""
