@@ -39,3 +39,54 @@ def test_a_launcher_signal_event_since_the_start_means_the_pod_is_stopping(tmp_p
 def test_no_events_log_is_a_restart(tmp_path: Path) -> None:
     assert not pod_is_stopping(None)
     assert not pod_is_stopping(tmp_path / "missing.jsonl")
+
+
+_STUCK_WORKER = """
+import json, sys, time
+from nvtrain.worker import stopping
+
+out = sys.argv[1]
+calls = []
+
+def on_stop(signum):
+    calls.append(signum)
+
+def on_exit(signum, forced, waited):
+    with open(out, "w") as f:
+        json.dump({"signal": signum, "forced": forced, "waited": waited, "settled": calls}, f)
+
+stopping.install(on_stop=on_stop, on_exit=on_exit)
+print("READY", flush=True)
+try:
+    time.sleep(600)
+except stopping.Stopped:
+    # What NVRx's wrapper did with the stop: hold the rank at its exit barrier, here for good.
+    while True:
+        time.sleep(1)
+"""
+
+
+def test_a_stopped_worker_whose_main_thread_never_returns_is_ended_by_the_stop_watch(tmp_path: Path) -> None:
+    """The main thread catches the stop and blocks again (as NVRx's exit barrier did when a peer
+    was dead): the stop watch settles, then ends the process with 128 + 15 and records it."""
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "stopped.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STUCK_WORKER, str(out)], stdout=subprocess.PIPE, text=True
+    )
+    with proc:
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "READY"
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=30)  # the script alone would never exit
+        finally:
+            proc.kill()
+    assert code == 128 + signal.SIGTERM
+    import json
+
+    record = json.loads(out.read_text())
+    assert record["signal"] == signal.SIGTERM and record["forced"] is True, record
+    assert record["settled"] == [signal.SIGTERM], record  # the save in flight was settled first

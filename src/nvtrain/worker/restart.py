@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -213,15 +214,43 @@ def run(main: Main) -> Any:
             gc.freeze()
             return _run_in_process(main, settings, events, heartbeat, faults)
         return _attempt(main, settings, events, heartbeat, faults, iteration=0)
-    except BaseException:
+    except BaseException as exc:
         signum = stopping.requested()
-        if signum is None:
+        if signum is not None:
+            # Whatever ends the way out (NVRx may turn it into its own exception), a stop is a stop.
+            stopping.exit_now(signum)
+        reason = _gave_up(exc)
+        if reason is None:
             raise
-        # Whatever ends the way out (NVRx may turn it into its own exception), a stop is a stop.
-        stopping.exit_now(signum)
+        # The in-process layer gave up (a peer died and the world fell below min_world_size, or
+        # its attempts ran out): the in-job layer takes over. One line, not a traceback.
+        if events is not None:
+            with contextlib.suppress(Exception):
+                events.emit("worker_gave_up", rank=rank, reason=reason)
+        print(
+            f"nvtrain: rank {rank}: in-process restart gave up ({reason}); ft_launcher restarts the workers",
+            file=sys.stderr,
+            flush=True,
+        )
+        stopping.exit_with(1)
         raise  # not reached
     finally:
         heartbeat.stop()
+
+
+def _gave_up(exc: BaseException) -> str | None:
+    """Why NVRx's in-process layer ended the wrapped function for good (``RestartAbort``), or
+    None for any other exception."""
+    if type(exc).__name__ != "RestartAbort" or not type(exc).__module__.startswith("nvidia_resiliency_ext"):
+        return None
+    text = str(exc)
+    size = re.search(r"state\.world_size=(\d+) self\.min_world_size=(\d+)", text)
+    if size and int(size.group(1)) < int(size.group(2)):
+        return f"{size.group(1)} rank(s) left, [restart.in_process] min_world_size = {size.group(2)}"
+    attempts = re.search(r"state\.iteration=(\d+) self\.max_iterations=(\d+)", text)
+    if attempts and int(attempts.group(1)) >= int(attempts.group(2)):
+        return f"[restart.in_process] max_attempts = {attempts.group(2)} used"
+    return text[:300]
 
 
 def _report_helper_thread_errors(events: EventLog | None, rank: int) -> None:

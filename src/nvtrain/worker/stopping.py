@@ -37,7 +37,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-__all__ = ["GRACE", "Stopped", "exit_now", "install", "pod_is_stopping", "requested"]
+__all__ = ["GRACE", "Stopped", "exit_now", "exit_with", "install", "pod_is_stopping", "requested"]
 
 _TAIL_BYTES = 64 * 1024
 
@@ -97,10 +97,21 @@ def exit_now(signum: int, *, forced: bool = False) -> None:
     if _State.on_exit is not None:
         with contextlib.suppress(BaseException):  # an unwritable log must not stop the exit
             _State.on_exit(signum, forced, time.monotonic() - received)
+    _flush_and_exit(128 + signum)
+
+
+def exit_with(code: int) -> None:
+    """End the process with ``code`` at once (what was to be recorded is recorded), unless a
+    stop is already ending it. Never returns."""
+    _State.exit_lock.acquire()
+    _flush_and_exit(code)
+
+
+def _flush_and_exit(code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(BaseException):
             stream.flush()
-    os._exit(128 + signum)
+    os._exit(code)
 
 
 def _watch(read_fd: int, forward_fd: int) -> None:
