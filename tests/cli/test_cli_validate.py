@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner, Result
@@ -233,14 +235,14 @@ def test_directory(tmp_path: Path) -> None:
 def test_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # chmod 000 does not stop root, so the denial is simulated.
     path = write(tmp_path, MINIMAL)
-    real = Path.read_bytes
+    real = os.open
 
-    def read_bytes(self: Path) -> bytes:
-        if self == path:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real(self)
+    def deny(file: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if Path(file) == path:  # the policy is opened with os.open (without blocking)
+            raise PermissionError(13, "Permission denied", str(file))
+        return real(file, flags, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.setattr(os, "open", deny)
     result = validate(str(path), "--nvrx", "0.4.1")
     assert result.exit_code == 2
     assert result.stderr.splitlines()[2:] == [

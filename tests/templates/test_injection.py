@@ -54,7 +54,7 @@ NASTY = [
     "bom\ufeffhere",
     "emoji 🚀 and ünïcödé",
     "back\\slash",
-    "nul \x00 bell \x07 del \x7f",
+    "bell \x07 del \x7f",  # NUL is refused by validate (test_hardening_manifest.py)
 ]
 
 
@@ -114,7 +114,8 @@ def test_nasty_strings_in_args_script_and_env_round_trip_and_stay_valid(nasty: s
 
 @pytest.mark.parametrize(
     "directory",
-    ['/ckpt/it\'s "here"', "/ckpt/a: b", "/ckpt/${HOME}", "/ckpt/#x", "/ckpt/- y", "/ckpt/yes", "/ckpt/ü 🚀"],
+    # no ':' (Kubernetes allows none in a mountPath: test_hardening_manifest.py)
+    ['/ckpt/it\'s "here"', "/ckpt/{a}", "/ckpt/${HOME}", "/ckpt/#x", "/ckpt/- y", "/ckpt/yes", "/ckpt/ü 🚀"],
 )
 def test_checkpoint_paths_round_trip_into_the_mount(directory: str) -> None:
     objects = round_trip(policy_text(["--x"], directory=directory))
@@ -161,9 +162,10 @@ def test_injected_documents_stay_inside_the_configmap_string() -> None:
 
 
 _TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=40)
+_ARG = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=40)
 
 
-@given(args=st.lists(_TEXT, min_size=1, max_size=4), env_value=_TEXT, jobset=st.booleans())
+@given(args=st.lists(_ARG, min_size=1, max_size=4), env_value=_TEXT, jobset=st.booleans())
 def test_any_args_and_env_values_round_trip(args: list[str], env_value: str, jobset: bool) -> None:
     name = "llm-workers-0" if jobset else "llm-train"
     round_trip(policy_text(args, name=name), ManifestOptions(env={"X": env_value}, jobset=jobset))

@@ -223,7 +223,7 @@ def test_gpus_follow_nproc_per_node() -> None:
     assert pod_spec(objects_of(starter))["tolerations"] == [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     ]
-    gloo = set_keys(starter, {("job", "backend"): '"gloo"', ("job", "collective_timeout"): '"60s"'})
+    gloo = set_keys(starter, {("job", "backend"): '"gloo"', ("job", "collective_timeout"): '"45s"'})
     assert "resources" not in container(objects_of(gloo))
     assert "tolerations" not in pod_spec(objects_of(gloo))
     on_gpus = set_keys(starter, {("job", "nproc_per_node"): '"gpu"'})
@@ -243,7 +243,7 @@ def test_in_process_restart_on_gpus_sets_the_nccl_variables_nvrx_needs() -> None
     assert env["TORCH_NCCL_RETHROW_CUDA_ERRORS"] == "0"
     off = set_keys(starter, {("restart.in_process", "enabled"): "false"})
     assert "NCCL_NVLS_ENABLE" not in env_of(objects_of(off))
-    gloo = set_keys(starter, {("job", "backend"): '"gloo"', ("job", "collective_timeout"): '"60s"'})
+    gloo = set_keys(starter, {("job", "backend"): '"gloo"', ("job", "collective_timeout"): '"45s"'})
     assert "NCCL_NVLS_ENABLE" not in env_of(objects_of(gloo))
 
 
@@ -550,7 +550,7 @@ UNUSUAL = (
     "nodes = 16\n"
     "port = 65535\n"
     "[checkpoint]\n"
-    "dir = \"/mnt/ckpt: v2/#run 'x'\"\n"
+    "dir = \"/mnt/ckpt v2/#run 'x'\"\n"
     "[metrics]\n"
     "enabled = true\n"
     "port = 1024\n"
@@ -579,7 +579,7 @@ SCHEMA_CASES = {
             starter_text("policy.toml"),
             {
                 ("job", "backend"): '"gloo"',
-                ("job", "collective_timeout"): '"60s"',
+                ("job", "collective_timeout"): '"45s"',
                 ("job", "nproc_per_node"): '"cpu"',
             },
         ),
@@ -625,7 +625,7 @@ def test_unusual_names_and_values_reach_the_objects_unchanged() -> None:
     assert policy_of(UNUSUAL).job.args == UNUSUAL_ARGS
     assert {e["name"]: e.get("value") for e in trainer["env"]}["NOTE"] == UNUSUAL_OPTIONS.env["NOTE"]
     mounts = {m["name"]: m["mountPath"] for m in trainer["volumeMounts"]}
-    assert mounts["checkpoints"] == "/mnt/ckpt: v2/#run 'x'"
+    assert mounts["checkpoints"] == "/mnt/ckpt v2/#run 'x'"
 
 
 def test_jobset_check_catches_a_broken_object() -> None:

@@ -3,7 +3,9 @@ cross-field rules' messages."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,10 +107,14 @@ def test_permission_denied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     path = tmp_path / "p.toml"
     path.write_text(MINIMAL, encoding="utf-8")
 
-    def deny(self: Path) -> bytes:
-        raise PermissionError(13, "Permission denied", str(self))
+    real = os.open
 
-    monkeypatch.setattr(Path, "read_bytes", deny)
+    def deny(file: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if Path(file) == path:  # the policy is opened with os.open (without blocking)
+            raise PermissionError(13, "Permission denied", str(file))
+        return real(file, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", deny)
     (finding,) = validate_file(path, nvrx=NVRX).findings
     assert (finding.code, finding.rule, finding.fix) == (
         "unreadable",

@@ -7,14 +7,22 @@ Library errors become messages and exit codes in ``_errors.py`` only; rich is im
 from __future__ import annotations
 
 import gc
+import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
-from typing import Annotated
 
-import typer
+try:  # most of the command's start-up: Ctrl-C here is exit 130 too, not a traceback
+    from collections.abc import Callable, Iterable, Sequence
+    from typing import Annotated
 
-from nvtrain import __version__
-from nvtrain.cli import control, init, manifest, report, run, schema, tune_interval, validate
+    import typer
+
+    from nvtrain import __version__
+    from nvtrain.cli import _interrupt, control, init, manifest, report, run, schema, tune_interval, validate
+except KeyboardInterrupt:
+    # What _interrupt.interrupted() does; that module may be the one whose import was stopped.
+    sys.stderr.write("nvtrain: interrupted (SIGINT)\n")
+    sys.stderr.flush()
+    os._exit(130)
 
 __all__ = ["app", "main"]
 
@@ -84,7 +92,19 @@ def app_for(args: Sequence[str]) -> typer.Typer:
 def main() -> None:
     """Entry point of the ``nvtrain`` script and of ``python -m nvtrain``."""
     try:
-        app_for(sys.argv[1:])()
+        with _interrupt.watch():
+            try:
+                app_for(sys.argv[1:])()
+            except SystemExit as exc:
+                if exc.code == _interrupt.INTERRUPTED and _interrupt.received():
+                    _interrupt.interrupted()  # typer ends a Ctrl-C while parsing silently
+                raise
+            except Exception:
+                if _interrupt.received():  # a library turned the KeyboardInterrupt into its own error
+                    _interrupt.interrupted()
+                raise
+    except KeyboardInterrupt:  # outside a command (inside one, ``exit_on_error`` answers)
+        _interrupt.interrupted()
     finally:
         # The process ends here. Interpreter shutdown runs full garbage collections over all
         # that was imported (~30,000 objects with typer and pydantic): 50-80 ms of `nvtrain

@@ -8,6 +8,7 @@ from typing import ParamSpec, TypeVar
 
 import typer
 
+from nvtrain.cli import _interrupt
 from nvtrain.errors import ConfigError, NvtrainError
 
 P = ParamSpec("P")
@@ -15,12 +16,16 @@ R = TypeVar("R")
 
 
 def exit_on_error(command: Callable[P, R]) -> Callable[P, R]:
-    """Run ``command``; an ``NvtrainError`` is printed to stderr and ends it with its exit code."""
+    """Run ``command``; an ``NvtrainError`` is printed to stderr and ends it with its exit code,
+    and Ctrl-C (``KeyboardInterrupt``) with one line and exit 130."""
 
     @functools.wraps(command)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return command(*args, **kwargs)
+        except KeyboardInterrupt:
+            _interrupt.say_interrupted()
+            raise typer.Exit(_interrupt.INTERRUPTED) from None
         except NvtrainError as exc:
             from nvtrain.cli import _console
 
@@ -29,5 +34,10 @@ def exit_on_error(command: Callable[P, R]) -> Callable[P, R]:
             else:
                 _console.print_error(exc)
             raise typer.Exit(int(exc.exit_code)) from None
+        except Exception:
+            if _interrupt.received():  # e.g. pydantic's SchemaError around a KeyboardInterrupt
+                _interrupt.say_interrupted()
+                raise typer.Exit(_interrupt.INTERRUPTED) from None
+            raise
 
     return wrapper

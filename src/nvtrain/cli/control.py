@@ -44,6 +44,9 @@ def command(
     if dry_run:
         typer.echo(json.dumps(plan.to_dict(), indent=2))
         return
+    from nvtrain.launcher.ports import check_rendezvous_port
+
+    check_rendezvous_port(loaded.rendezvous.port)
 
     def say(text: str) -> None:
         typer.echo(f"nvtrain control: {text}", err=True)

@@ -126,6 +126,10 @@ def command(
     """
     from nvtrain.templates.manifest import ManifestOptions, manifest_from_file
 
+    if output is not None:
+        from nvtrain.cli._paths import refuse_overwrite
+
+        refuse_overwrite("--output", output, {"the policy file": policy})
     options = ManifestOptions(
         image=image,
         gpus_per_node=gpus,

@@ -48,6 +48,10 @@ def command(
     report = read_report(run_dir)
     png = None
     if not no_timeline:
+        if timeline is not None:
+            from nvtrain.cli._paths import refuse_overwrite
+
+            refuse_overwrite("--timeline", timeline, {"the events log": Path(report.source)})
         png = write_timeline(report, timeline or Path(report.source).parent / TIMELINE_FILE)
     if as_json:
         typer.echo(json.dumps(report.to_dict(timeline=None if png is None else str(png)), indent=2))

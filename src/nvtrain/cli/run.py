@@ -48,6 +48,10 @@ def command(
     if dry_run:
         typer.echo(json.dumps(plan.to_dict(), indent=2))
         return
+    if plan.is_host:
+        from nvtrain.launcher.ports import check_rendezvous_port
+
+        check_rendezvous_port(loaded.rendezvous.port)
     from nvtrain.cli import _console
 
     try:

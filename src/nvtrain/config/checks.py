@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import math
 import re
+import typing
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from nvtrain.config.duration import format_duration
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from nvtrain.config.duration import format_duration, is_duration_field
 from nvtrain.config.findings import Finding, Severity, toml_value
 from nvtrain.config.schema import Policy
 
@@ -20,10 +24,19 @@ if TYPE_CHECKING:
     from nvtrain.nvrx import NvrxVersion
     from nvtrain.tuning.timings import Timings
 
-__all__ = ["MARGIN", "check"]
+__all__ = ["MARGIN", "MAX_DURATION", "MAX_NODES", "MAX_NPROC", "check"]
 
 MARGIN = 1.5
 """A timeout checked against measured timings must exceed the longest measured gap by this factor."""
+
+MAX_NPROC = 1024
+"""Most worker processes per node (``[job] nproc_per_node``): far beyond the GPUs or cores of a node."""
+
+MAX_NODES = 100_000
+"""Most nodes (``[rendezvous] nodes``): Kubernetes' limit on an Indexed Job's completions."""
+
+MAX_DURATION = 365 * 86400.0
+"""Longest duration of any policy key (a year), far below what timers and int64 grace periods hold."""
 
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # RFC 1123 label
 _LABEL_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # RFC 1035 label (Service names)
@@ -74,6 +87,20 @@ def _job(p: Policy) -> Iterator[Finding]:
             "give exactly one of `script` and `module`" + (" (both are set)" if both else ""),
             'e.g. script = "train.py", or module = "mypkg.train"',
         )
+    for key, value in (("script", job.script), ("module", job.module)):
+        if value is not None:
+            yield from _entrypoint(key, value)
+    for i, arg in enumerate(job.args):
+        if "\0" in arg:
+            yield _f(
+                "error",
+                "job-args",
+                "job",
+                "args",
+                arg,
+                f"element {i + 1} contains a NUL character, which no command line can hold",
+                "remove the NUL character (written \\u0000) from the argument",
+            )
     if isinstance(job.nproc_per_node, int) and job.nproc_per_node < 1:
         yield _f(
             "error",
@@ -84,6 +111,36 @@ def _job(p: Policy) -> Iterator[Finding]:
             "must be >= 1",
             'use a positive number, "gpu" or "cpu"',
         )
+    elif isinstance(job.nproc_per_node, int) and job.nproc_per_node > MAX_NPROC:
+        yield _f(
+            "error",
+            "size-limit",
+            "job",
+            "nproc_per_node",
+            job.nproc_per_node,
+            f"must be <= {MAX_NPROC}: worker processes per node, one per GPU or CPU core",
+            'give the workers of one node, e.g. nproc_per_node = 8, or "gpu"',
+        )
+
+
+def _entrypoint(key: str, value: str) -> Iterator[Finding]:
+    """``[job] script`` or ``module``: it becomes one word of ft_launcher's command line, after
+    the launcher's own options."""
+    example = 'script = "train.py"' if key == "script" else 'module = "mypkg.train"'
+    rule = fix = ""
+    if not value.strip():
+        rule, fix = "must not be empty", f"e.g. {example}"
+    elif "\0" in value:
+        rule = "contains a NUL character, which no command line can hold"
+        fix = f"remove the NUL character (written \\u0000), e.g. {example}"
+    elif value.startswith("-"):
+        rule = (
+            "starts with '-': ft_launcher would read it as an option of its own (it may override "
+            "the policy's settings), not as the training " + ("script" if key == "script" else "module")
+        )
+        fix = f'write a path such as script = "./{value}"' if key == "script" else f"e.g. {example}"
+    if rule:
+        yield _f("error", "job-entrypoint", "job", key, value, rule, fix)
 
 
 def _suffix(p: Policy) -> str:
@@ -198,6 +255,17 @@ def _sizes(p: Policy) -> Iterator[Finding]:
             f"must be <= nodes ({r.nodes})",
             f"lower min_nodes to at most {r.nodes}, or raise nodes",
         )
+    if r.nodes > MAX_NODES:
+        yield _f(
+            "error",
+            "size-limit",
+            "rendezvous",
+            "nodes",
+            r.nodes,
+            f"must be <= {MAX_NODES:,}: Kubernetes runs at most {MAX_NODES:,} pods in an Indexed Job "
+            "(its completions and parallelism)",
+            "give the number of nodes (pods) the job runs on, e.g. nodes = 4",
+        )
     world = p.world_size()
     ip = p.restart.in_process
     if ip.enabled and world is not None and world >= 1 and ip.min_world_size and ip.min_world_size > world:
@@ -290,6 +358,20 @@ def _in_process(p: Policy) -> Iterator[Finding]:
     if backend == "auto":  # what the workers will pick: gloo for CPU jobs, NCCL on GPUs
         backend = "gloo" if p.job.nproc_per_node == "cpu" else "nccl"
     if backend == "gloo":
+        ranks = p.world_size()
+        if ip.soft_timeout <= collective < ip.hard_timeout and (ranks is None or ranks > 1):
+            yield _f(
+                "error",
+                "timeout-order",
+                "job",
+                "collective_timeout",
+                collective,
+                f"must be shorter than [restart.in_process] soft_timeout ({_d(ip.soft_timeout)}) "
+                "with gloo: a rank blocked in a gloo collective with a failed peer returns only at "
+                "this timeout, and NVRx re-raises its restart into a rank that has not returned "
+                "one soft timeout after the fault, which can end that rank instead of restarting it",
+                f'lower it below "{_d(ip.soft_timeout)}", e.g. "{_d(ip.soft_timeout * 3 / 4)}"',
+            )
         if collective >= ip.hard_timeout:
             yield _f(
                 "error",
@@ -346,9 +428,56 @@ def _recovery(p: Policy) -> Iterator[Finding]:
         )
 
 
+def _durations(p: Policy) -> Iterator[Finding]:
+    """Every duration key: at most ``MAX_DURATION`` (timers and the pods' grace period)."""
+    for table, model in _tables(p):
+        for name, info in type(model).model_fields.items():
+            value = getattr(model, name)
+            if _is_duration(info) and isinstance(value, float) and value > MAX_DURATION:
+                yield _f(
+                    "error",
+                    "duration-limit",
+                    table,
+                    info.alias or name,
+                    value,
+                    f"is longer than {_d(MAX_DURATION)} (a year): no wait of the job is meant to "
+                    "last that long, and timers and Kubernetes' termination grace period "
+                    "(derived from [job] stop_timeout) cannot hold arbitrary durations",
+                    f'use at most "{_d(MAX_DURATION)}"; durations are seconds unless a unit is '
+                    'written, e.g. "90s", "15m", "2h"',
+                )
+
+
+def _is_duration(info: FieldInfo) -> bool:
+    """A ``Duration`` field, or an optional one (``Duration | None``)."""
+    return is_duration_field(info.metadata) or any(
+        is_duration_field(list(getattr(arg, "__metadata__", ()))) for arg in typing.get_args(info.annotation)
+    )
+
+
+def _tables(model: BaseModel, table: str = "") -> Iterator[tuple[str, BaseModel]]:
+    """``model`` and every table inside it, with their dotted names (``[[faults]]`` hold none)."""
+    yield table, model
+    for name, info in type(model).model_fields.items():
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            key = info.alias or name
+            yield from _tables(value, f"{table}.{key}" if table else key)
+
+
 def _checkpoint(p: Policy) -> Iterator[Finding]:
     c = p.checkpoint
-    if not c.dir.startswith("/"):
+    if "\0" in c.dir:
+        yield _f(
+            "error",
+            "checkpoint-dir",
+            "checkpoint",
+            "dir",
+            c.dir,
+            "contains a NUL character, which no path can hold",
+            f'e.g. dir = "/checkpoints/{_suggest_label(p.job.name)}"',
+        )
+    elif not c.dir.startswith("/"):
         yield _f(
             "error",
             "checkpoint-dir",
@@ -453,6 +582,7 @@ _RULES: tuple[Rule, ...] = (
     _heartbeat,
     _in_process,
     _recovery,
+    _durations,
     _checkpoint,
     _faults,
     _metrics,

@@ -61,17 +61,35 @@ def has_errors(findings: list[Finding]) -> bool:
 
 
 def toml_value(value: object, limit: int = 80) -> str:
-    """``value`` written as it would appear in a TOML file, shortened to ``limit`` characters."""
-    if isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, str):
-        text = json.dumps(value, ensure_ascii=False)
-    elif isinstance(value, int | float):
-        text = repr(value)
-    elif isinstance(value, list):
-        text = "[" + ", ".join(toml_value(v, limit) for v in value) + "]"
-    elif isinstance(value, dict):
-        text = "{" + ", ".join(f"{k} = {toml_value(v, limit)}" for k, v in value.items()) + "}"
-    else:
-        text = str(value)
+    """``value`` written as it would appear in a TOML file, shortened to ``limit`` characters.
+
+    Arrays and tables are written only as far as the limit: a huge or deeply nested value costs
+    no more than a short one."""
+    text = _written(value, limit + 1)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _written(value: object, budget: int) -> str:
+    """A prefix of ``value`` written as TOML: all of it, or at least ``budget`` characters."""
+    budget = max(budget, 1)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        if len(value) > budget:
+            return json.dumps(value[:budget], ensure_ascii=False)[:-1]
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | dict):
+        items = list(value.items()) if isinstance(value, dict) else value
+        text = "{" if isinstance(value, dict) else "["
+        for i, item in enumerate(items):
+            if len(text) >= budget:
+                return text
+            text += ", " if i else ""
+            if isinstance(value, dict):
+                key, item = item
+                text += f"{key} = "
+            text += _written(item, budget - len(text))
+        return text + ("}" if isinstance(value, dict) else "]")
+    return str(value)

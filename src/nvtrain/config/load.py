@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import errno
+import os
 import re
+import stat
 import tomllib
 import typing
 from collections.abc import Iterable, Sequence
@@ -23,7 +26,15 @@ from nvtrain.config.findings import Finding, table_label, toml_value
 from nvtrain.config.locate import Positions, key_positions, lookup
 from nvtrain.config.schema import table_model
 
-__all__ = ["Parsed", "attach_positions", "parse_model", "read_source", "validate_data"]
+__all__ = [
+    "MAX_FILE_BYTES",
+    "Parsed",
+    "attach_positions",
+    "parse_model",
+    "read_source",
+    "too_complex",
+    "validate_data",
+]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -42,12 +53,28 @@ class Parsed(typing.Generic[M]):
     data: dict[str, Any]
 
 
+MAX_FILE_BYTES = 4 * 1024 * 1024
+"""Largest policy, timings or manifest file read (4 MiB; a policy is a few KiB, and a
+Kubernetes ConfigMap holds at most 1 MiB). Bigger files are refused before they are read."""
+
+
 def read_source(
     path: Path, missing_fix: str = "check the path, or run `nvtrain init` to write a starter policy"
 ) -> tuple[bytes | None, Finding | None]:
-    """The file's bytes, or a finding that says why it cannot be read."""
+    """The file's bytes, or a finding that says why it cannot be read.
+
+    Only regular files are read (a FIFO or a device such as ``/dev/zero`` would block or never
+    end), and at most ``MAX_FILE_BYTES`` of them."""
     try:
-        return path.read_bytes(), None
+        return _read_regular(path), None
+    except _NotRegular as exc:
+        rule = f"is not a regular file (it is {exc.kind})"
+        fix = "give the path of the policy file itself (a FIFO, device or socket cannot be read as one)"
+        return None, Finding("error", "unreadable", "", None, rule, fix, file=str(path))
+    except _TooLarge as exc:
+        rule = f"is larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB ({exc.size} bytes)"
+        fix = "give the right file: a policy is a few KiB"
+        return None, Finding("error", "too-large", "", None, rule, fix, file=str(path))
     except FileNotFoundError:
         rule, fix = "file not found", missing_fix
     except IsADirectoryError:
@@ -57,6 +84,50 @@ def read_source(
     except OSError as exc:
         rule, fix = f"cannot be read ({exc.strerror or exc})", "check the path and the storage"
     return None, Finding("error", "unreadable", "", None, rule, fix, file=str(path))
+
+
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+class _NotRegular(Exception):
+    def __init__(self, mode: int) -> None:
+        super().__init__(mode)
+        self.kind = next((name for test, name in _KINDS if test(mode)), "neither a file nor a directory")
+
+
+class _TooLarge(Exception):
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of the regular file at ``path``, at most ``MAX_FILE_BYTES`` of them.
+
+    Checked before opening (opening a FIFO waits for a writer) and again on the open file (the
+    path may have changed in between); opened without blocking, read with a cap (files in
+    /proc report size 0)."""
+    before = os.stat(path)
+    if stat.S_ISDIR(before.st_mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    if not stat.S_ISREG(before.st_mode):
+        raise _NotRegular(before.st_mode)
+    if before.st_size > MAX_FILE_BYTES:
+        raise _TooLarge(before.st_size)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as file:
+        opened = os.fstat(file.fileno())
+        if not stat.S_ISREG(opened.st_mode):
+            raise _NotRegular(opened.st_mode)
+        data = file.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise _TooLarge(max(len(data), opened.st_size))
+    return data
 
 
 def parse_model(raw: bytes | str, source: str, model: type[M]) -> Parsed[M]:
@@ -83,7 +154,45 @@ def parse_model(raw: bytes | str, source: str, model: type[M]) -> Parsed[M]:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         return Parsed(source, None, [_syntax_finding(exc, source)], {}, {})
-    return validate_data(data, source, model, key_positions(text))
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits (int() refuses it)
+        return Parsed(source, None, [_value_finding(exc, source)], {}, {})
+    except (RecursionError, MemoryError) as exc:
+        return Parsed(source, None, [too_complex(exc, source)], {}, {})
+    try:
+        return validate_data(data, source, model, key_positions(text))
+    except (RecursionError, MemoryError) as exc:  # nested deeper than TOML parses, but not by far
+        return Parsed(source, None, [too_complex(exc, source)], {}, {})
+
+
+def too_complex(exc: BaseException, source: str) -> Finding:
+    """The finding for a document too deeply nested (``RecursionError``) or too big
+    (``MemoryError``) to be read."""
+    rule = (
+        "cannot be read: arrays or tables are nested too deeply"
+        if isinstance(exc, RecursionError)
+        else "cannot be read: it needs more memory than there is"
+    )
+    return Finding(
+        "error",
+        "too-nested" if isinstance(exc, RecursionError) else "too-large",
+        "",
+        None,
+        rule,
+        "give the right file: no key of a policy or timings file holds values nested this deep",
+        file=source,
+    )
+
+
+def _value_finding(exc: ValueError, source: str) -> Finding:
+    return Finding(
+        "error",
+        "toml-syntax",
+        "",
+        None,
+        f"TOML syntax error: a value cannot be read ({str(exc).split(';')[0]})",
+        "write numbers with at most 19 digits (TOML integers are 64-bit)",
+        file=source,
+    )
 
 
 def validate_data(data: dict[str, Any], source: str, model: type[M], positions: Positions) -> Parsed[M]:

@@ -132,7 +132,10 @@ def _salvage(data: dict[str, Any], problems: list[Finding]) -> Policy | None:
     run and every problem is reported at once. None when nothing usable is left."""
     if not data or any(f.code in ("missing", "toml-syntax", "not-utf8") for f in problems):
         return None
-    trimmed = copy.deepcopy(data)
+    try:
+        trimmed = copy.deepcopy(data)
+    except RecursionError:  # an unknown key's value nested deeper than copying goes
+        return None
     for f in problems:
         node: Any = trimmed
         for part in [p for p in f.table.split(".") if p]:

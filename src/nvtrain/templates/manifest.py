@@ -30,12 +30,14 @@ from typing import Any
 
 import yaml
 
+from nvtrain.config.checks import MAX_NPROC
 from nvtrain.config.schema import Policy
 from nvtrain.errors import ConfigError, ExitCode, UsageError
 from nvtrain.launcher.dns import CONTROL_SUFFIX
 
 __all__ = [
     "COMPONENT_LABEL",
+    "CONFIGMAP_LIMIT",
     "CONTAINER",
     "CONTROL_CONTAINER",
     "CONTROL_RESOURCES",
@@ -82,6 +84,12 @@ GRACE_MARGIN = 30
 gives ft_launcher and the workers ``stop_timeout`` (ft_launcher's ``--term-timeout``), kills what
 is left 5 s later and writes the termination log; the rest covers process start-up of the
 signal handlers and kubelet latency. Kubernetes SIGKILLs the pod when the grace period ends."""
+
+CONFIGMAP_LIMIT = 1024 * 1024
+"""Kubernetes' limit on the data of one ConfigMap (1 MiB); the policy's text is all of it."""
+
+_INT32_MAX = 2**31 - 1
+"""Kubernetes' ``backoffLimit`` is an int32; device counts beyond it are never meant either."""
 
 NEVER_RETRY = (int(ExitCode.USAGE), int(ExitCode.ESCALATED))
 """Exit codes that fail the Job at once: an invalid policy (2) and escalation (4)."""
@@ -252,6 +260,11 @@ def gpus(policy: Policy, options: ManifestOptions) -> int:
         count = options.gpus_per_node
         if count < 0:
             raise UsageError(f"--gpus {count} is negative", "give 0 or more GPUs per pod")
+        if count > MAX_NPROC:
+            raise UsageError(
+                f"--gpus {count} is more GPUs than a pod can have (at most {MAX_NPROC})",
+                "give the GPUs of one node, e.g. --gpus 8",
+            )
         if isinstance(nproc, int) and count > 0 and count != nproc:
             raise UsageError(
                 f"--gpus {count} disagrees with [job] nproc_per_node = {nproc}: each worker "
@@ -313,6 +326,12 @@ def _check(policy: Policy, options: ManifestOptions) -> None:
             f"[checkpoint] dir {directory!r} contains control characters (e.g. a newline)",
             'use a plain absolute path such as "/checkpoints"',
         )
+    if ":" in directory:
+        raise UsageError(
+            f"[checkpoint] dir {directory!r} contains ':', which Kubernetes does not allow in a "
+            "volume's mountPath",
+            'use a path without a colon, such as "/checkpoints"',
+        )
     clean = PurePosixPath(directory)
     policy_mount = PurePosixPath(POLICY_MOUNT)
     system = [PurePosixPath(p) for p in ("/dev", "/proc", "/sys")]
@@ -332,6 +351,11 @@ def _check(policy: Policy, options: ManifestOptions) -> None:
     for flag, count in (("--backoff-limit", options.backoff_limit), ("--efa", options.efa)):
         if count < 0:
             raise UsageError(f"{flag} {count} is negative", f"give {flag} 0 or more")
+        if count > _INT32_MAX:
+            raise UsageError(
+                f"{flag} {count} is too large (Kubernetes holds at most {_INT32_MAX:,})",
+                f"give {flag} a count such as 6",
+            )
     shm = _check_quantity("--shm-size", options.shm_size)
     if options.cpu is not None:
         _check_quantity("--cpu", options.cpu)
@@ -642,9 +666,20 @@ def jobset(policy: Policy, policy_text: str, options: ManifestOptions) -> dict[s
     }
 
 
+def _check_size(policy_text: str, source: str) -> None:
+    size = len(policy_text.encode("utf-8"))
+    if size > CONFIGMAP_LIMIT:
+        raise UsageError(
+            f"{source} is {size:,} bytes, more than a ConfigMap holds (Kubernetes' limit is 1 MiB, "
+            f"{CONFIGMAP_LIMIT:,} bytes)",
+            "remove what the policy does not need (long comments, huge args); a policy is a few KiB",
+        )
+
+
 def render(policy: Policy, policy_text: str, options: ManifestOptions | None = None) -> list[dict[str, Any]]:
     """Every object for ``policy`` (whose file text is ``policy_text``), in apply order."""
     options = options or ManifestOptions()
+    _check_size(policy_text, "the policy file")
     _check(policy, options)
     control = has_control_job(policy)
     objects = [configmap(policy, policy_text, options)]
@@ -731,5 +766,7 @@ def manifest_from_file(path: Path, options: ManifestOptions | None = None) -> Re
     result = validate_source(raw, str(path), nvrx=None)
     if result.policy is None or result.errors:
         raise ConfigError(result.source, result.findings)
-    objects = render(result.policy, raw.decode("utf-8"), options)
+    text = raw.decode("utf-8")
+    _check_size(text, f"the policy file {path}")
+    objects = render(result.policy, text, options)
     return Rendered(objects, dump(objects))

@@ -501,6 +501,18 @@ def _documents(text: str, source: str) -> tuple[list[_Doc], Finding | None]:
             name = _get(data, ("metadata", "name"))
             label = f"{data.get('kind', '?')} {name if isinstance(name, str) else f'#{len(docs) + 1}'}"
             docs.append(_Doc(data, node, label))
+    except (RecursionError, MemoryError) as exc:
+        deep = isinstance(exc, RecursionError)
+        return docs, Finding(
+            "error",
+            "too-nested" if deep else "too-large",
+            "",
+            None,
+            "cannot be read: "
+            + ("its YAML is nested too deeply" if deep else "it needs more memory than there is"),
+            "give the manifest that `nvtrain manifest` writes (Kubernetes objects nest a few levels)",
+            file=source,
+        )
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]

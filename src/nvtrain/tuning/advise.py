@@ -8,6 +8,7 @@ from a policy (the current interval, async or sync, the job's size). Every probl
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,15 @@ _RATE_FIX = (
     "--gpus 1024 --gpu-mtbf 8000h (Meta's clusters: one job failure every 7.9 h at 1,024 GPUs)"
 )
 
+
+MIN_DURATION = 1e-6
+"""Shortest duration ``tune-interval`` takes (a microsecond): shorter ones overflow the model."""
+MAX_DURATION = 1e6 * 3600.0
+"""Longest duration it takes: a million hours (vendors' per-device MTBF figures reach it)."""
+MAX_COUNT = 10_000_000
+"""Most GPUs or nodes in a job."""
+MAX_WRITE_MARGIN = 100.0
+"""Largest ``--write-margin``."""
 
 _OPTIONS = {
     "step": "--step-time",
@@ -128,8 +138,10 @@ class Tuned:
 
 def tune_interval(request: Request) -> Tuned:
     """Recommend a checkpoint interval for ``request`` (and apply it when asked)."""
-    if not request.write_margin >= 1.0:
-        raise UsageError(f"--write-margin {request.write_margin:g} is below 1", "use e.g. --write-margin 1.5")
+    margin = request.write_margin
+    if not (math.isfinite(margin) and 1.0 <= margin <= MAX_WRITE_MARGIN):
+        rule = "is below 1" if margin < 1.0 else f"must be a number from 1 to {MAX_WRITE_MARGIN:g}"
+        raise UsageError(f"--write-margin {margin:g} {rule}", "use e.g. --write-margin 1.5")
     given = {
         name: _duration(option, text, zero=name in ("restore", "restart"))
         for name, option, text in (
@@ -197,12 +209,19 @@ def tune_interval(request: Request) -> Tuned:
         save_write_p95_s=write_p95,
         write_margin=request.write_margin,
     )
-    report = tune(
-        inputs,
-        mode=mode,
-        current_steps=policy.checkpoint.interval if policy is not None else None,
-        max_steps=policy.job.max_steps if policy is not None else None,
-    )
+    try:
+        report = tune(
+            inputs,
+            mode=mode,
+            current_steps=policy.checkpoint.interval if policy is not None else None,
+            max_steps=policy.job.max_steps if policy is not None else None,
+        )
+    except (ArithmeticError, ValueError) as exc:  # inf or nan from extreme (measured) inputs
+        shown = ", ".join(f"{name} {short_duration(value)}" for name, value in _shown(inputs))
+        raise UsageError(
+            f"tune-interval cannot compute an interval from these timings ({shown}): {exc}",
+            "check the timings and the failure rate; give them with units, e.g. --step-time 1.2s --mtbf 8h",
+        ) from None
     applied = apply_interval(request.apply, report.best.outcome.interval_steps) if request.apply else None
     return Tuned(
         report=report,
@@ -213,6 +232,16 @@ def tune_interval(request: Request) -> Tuned:
         applied=applied,
         notes=(*report.notes, *notes),
     )
+
+
+def _shown(inputs: Inputs) -> list[tuple[str, float]]:
+    values = [
+        ("step", inputs.step_s),
+        ("save block", inputs.save_block_s),
+        ("save write", inputs.save_write_s),
+        ("MTBF", inputs.mtbf_s),
+    ]
+    return [(name, value) for name, value in values if value is not None]
 
 
 def _missing(lacking: list[str], no_rate: bool, measured: Measured | None) -> UsageError:
@@ -251,10 +280,21 @@ def _duration(option: str, text: str, *, zero: bool = False) -> float:
     if zero and value in (0.0, "0s", "0ms", "0m", "0h"):
         return 0.0
     try:
-        return parse_duration(value)
+        seconds = parse_duration(value)
     except ValueError as exc:
         rule = str(exc).split(";")[0]
         raise UsageError(f"{option} {text} {rule}", DURATION_HINT) from None
+    if not MIN_DURATION <= seconds <= MAX_DURATION:
+        rule = (
+            f"is shorter than {MIN_DURATION:g}s (a microsecond)"
+            if seconds < MIN_DURATION
+            else f"is longer than {MAX_DURATION / 3600:.0f}h (about 114 years)"
+        )
+        raise UsageError(
+            f"{option} {text} {rule}, beyond any timing or failure rate of a training job",
+            f"give it with its unit, e.g. {option} 1.2s (or 40s, 15m, 8000h)",
+        )
+    return seconds
 
 
 def _restore(
@@ -343,6 +383,11 @@ def _count(option: str, given: int | None, from_policy: int | None, what: str) -
         )
     if value < 1:
         raise UsageError(f"{option} {value} is below 1", f"give the number of {what} in the job")
+    if value > MAX_COUNT:
+        raise UsageError(
+            f"{option} {value} is more {what} than any job has (at most {MAX_COUNT:,})",
+            f"give the number of {what} in the job",
+        )
     return value
 
 

@@ -13,10 +13,12 @@ import copy
 import dataclasses
 import os
 import re
+import stat
 import tomllib
 from pathlib import Path
 from typing import Any
 
+from nvtrain.config.load import read_source
 from nvtrain.config.locate import key_positions
 from nvtrain.config.validation import validate_source
 from nvtrain.errors import ConfigError, UsageError
@@ -127,13 +129,13 @@ def apply_interval(path: Path, interval: int) -> Applied:
     atomically (a symbolic link keeps pointing at the rewritten file).
     """
     target = path.resolve()
-    try:
-        raw = target.read_bytes()
-    except OSError as exc:
+    raw, problem = read_source(target)
+    if raw is None:
+        assert problem is not None
         raise UsageError(
-            f"--apply: {path} cannot be read ({exc.strerror or exc})",
+            f"--apply: {path} cannot be read: {problem.rule}",
             "give the policy file (TOML) whose interval should change",
-        ) from None
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -154,8 +156,20 @@ def apply_interval(path: Path, interval: int) -> Applied:
     after = validate_source(new, str(path))
     if not after.ok:
         raise ConfigError(after.source, after.findings)
+    _check_writable(path, target)
     _replace(target, new.encode("utf-8"))
     return Applied(str(path), old, interval, line, changed=True)
+
+
+def _check_writable(path: Path, target: Path) -> None:
+    """``UsageError`` when the policy file itself is read-only. It is replaced by a rename, which
+    needs only its directory to be writable: a file made read-only would be rewritten anyway."""
+    mode = target.stat().st_mode
+    if not os.access(target, os.W_OK) or not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+        raise UsageError(
+            f"--apply: {path} is read-only (mode {stat.filemode(mode)}), so its interval is left as it is",
+            f"make it writable (chmod u+w {path}) to apply the interval, or leave out --apply",
+        )
 
 
 def _replace(target: Path, data: bytes) -> None:

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nvtrain.config.duration import Duration
 from nvtrain.config.findings import Finding
-from nvtrain.config.load import Parsed, parse_model, read_source, validate_data
+from nvtrain.config.load import Parsed, parse_model, read_source, too_complex, validate_data
 
 __all__ = ["Measure", "Timings", "read_timings"]
 
@@ -98,6 +98,8 @@ def read_timings(path: Path) -> Parsed[Timings]:
 def _parse_json(raw: bytes, source: str) -> Parsed[Timings]:
     try:
         data = json.loads(raw)
+    except (RecursionError, MemoryError) as exc:
+        return Parsed(source, None, [too_complex(exc, source)], {}, {})
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         line = getattr(exc, "lineno", None)
         finding = Finding(
@@ -122,4 +124,7 @@ def _parse_json(raw: bytes, source: str) -> Parsed[Timings]:
             file=source,
         )
         return Parsed(source, None, [finding], {}, {})
-    return validate_data(data, source, Timings, {})
+    try:
+        return validate_data(data, source, Timings, {})
+    except (RecursionError, MemoryError) as exc:
+        return Parsed(source, None, [too_complex(exc, source)], {}, {})
