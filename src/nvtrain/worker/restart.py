@@ -232,6 +232,14 @@ def run(main: Main) -> Any:
             file=sys.stderr,
             flush=True,
         )
+        if "min_world_size" in reason:
+            # A peer died: let ft_launcher see that first (its next look at the workers stops this
+            # one too), so the run's root cause names the dead rank, not this survivor.
+            with contextlib.suppress(stopping.Stopped):
+                time.sleep(2 * min(policy.heartbeat.monitor_interval, 1.0) + 1.0)
+            signum = stopping.requested()
+            if signum is not None:
+                stopping.exit_now(signum)
         stopping.exit_with(1)
         raise  # not reached
     finally:
