@@ -47,7 +47,8 @@ runner = CliRunner()
 
 
 def tune(*args: str) -> Result:
-    result = runner.invoke(app, ["tune-interval", *args])
+    # Wide enough that a long tmp_path (pytest-xdist adds popen-gwN) is never wrapped.
+    result = runner.invoke(app, ["tune-interval", *args], env={"COLUMNS": "400"})
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert "Traceback" not in result.output
     return result
