@@ -56,8 +56,8 @@ def on_exit(signum, forced, waited):
         json.dump({"signal": signum, "forced": forced, "waited": waited, "settled": calls}, f)
 
 stopping.install(on_stop=on_stop, on_exit=on_exit)
-print("READY", flush=True)
 try:
+    print("READY", flush=True)  # inside the try: the stop may come at once
     time.sleep(600)
 except stopping.Stopped:
     # What NVRx's wrapper did with the stop: hold the rank at its exit barrier, here for good.
