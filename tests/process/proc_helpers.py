@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -306,3 +306,7 @@ class NvtrainRunner:
         for running in self.runs:
             running.cleanup()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+Mount = Callable[[str], Path]
+"""The ``mount`` fixture (conftest.py): ``mount("2m")`` is a fresh tmpfs of that size."""

@@ -14,16 +14,13 @@ import contextlib
 import errno
 import os
 import re
-import shutil
-import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from proc_helpers import BIN, NvtrainRunner, make_policy, read_events, write_policy
+from proc_helpers import BIN, Mount, NvtrainRunner, make_policy, read_events, write_policy
 
 from nvtrain.config.schema import Policy
 from nvtrain.events import EventLog
@@ -36,25 +33,9 @@ LINES = 2000  # per rank, ~100 bytes each: several times what a pipe holds (64 K
 
 
 @pytest.fixture
-def volume(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MiB tmpfs mounted at ``tmp_path/vol`` for the test's duration."""
-    path = tmp_path / "vol"
-    path.mkdir()
-    if shutil.which("mount") is None or shutil.which("umount") is None:
-        pytest.skip("needs mount and umount (util-linux) to make a small volume that can be filled")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30, check=False)
+def volume(mount: Mount) -> Path:
+    """A 2 MiB tmpfs for the test's duration."""
+    return mount("2m")
 
 
 def _write_until_full(path: Path, chunk: bytes) -> None:

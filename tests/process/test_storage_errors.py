@@ -13,15 +13,13 @@ from __future__ import annotations
 import errno
 import os
 import re
-import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from proc_helpers import NvtrainRunner, make_policy, read_events, write_policy
+from proc_helpers import Mount, NvtrainRunner, make_policy, read_events, write_policy
 
 from nvtrain.config.schema import Policy
 from nvtrain.errors import UsageError
@@ -38,31 +36,6 @@ pytestmark = [
         "ignore:torch.distributed is disabled, unavailable or uninitialized:UserWarning"
     ),
 ]
-
-Mount = Callable[[str], Path]
-
-
-@pytest.fixture
-def mount(tmp_path: Path) -> Iterator[Mount]:
-    """``mount("2m")`` mounts a tmpfs of that size under ``tmp_path``; all are unmounted after."""
-    if shutil.which("mount") is None or shutil.which("umount") is None:
-        pytest.skip("needs mount and umount (util-linux) to make a small volume that can be filled")
-    mounted: list[Path] = []
-
-    def make(size: str) -> Path:
-        path = tmp_path / f"vol{len(mounted)}"
-        path.mkdir()
-        done = _run("mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path))
-        if done.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
-        mounted.append(path)
-        return path
-
-    try:
-        yield make
-    finally:
-        for path in mounted:
-            _run("umount", "-l", str(path))
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess[str]:
