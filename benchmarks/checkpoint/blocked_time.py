@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from nvtrain.config.schema import Checkpoint  # noqa: E402
 from nvtrain.events import EventLog, read_events  # noqa: E402
+from nvtrain.events.records import CheckpointStaged  # noqa: E402
 from nvtrain.worker.checkpoint import Checkpointer  # noqa: E402
 
 
@@ -153,7 +154,7 @@ def main() -> None:
             )
     for c in ckpt.values():
         c.close()
-    staged = [e["blocked_s"] for e in read_events(root / "events.jsonl") if e["event"] == "checkpoint_staged"]
+    staged = [e.blocked_s for e in read_events(root / "events.jsonl") if isinstance(e, CheckpointStaged)]
     floor = nbytes / bandwidth if bandwidth else None
     result = {
         "device": torch.cuda.get_device_name(0) if cuda else "cpu",

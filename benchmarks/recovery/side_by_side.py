@@ -117,6 +117,7 @@ def run_pod_restarts(policy_path: Path, run_id: str, log: Path, timeout: float) 
     """torchrun without restarts, started again from scratch after every failure."""
     from nvtrain.config.validation import load_policy
     from nvtrain.events import EventLog
+    from nvtrain.events.records import LauncherExit, LauncherStart, RestartBegin, WorkerFailed
 
     policy = load_policy(policy_path)
     run_dir = Path(policy.checkpoint.dir) / run_id
@@ -134,7 +135,7 @@ def run_pod_restarts(policy_path: Path, run_id: str, log: Path, timeout: float) 
     }
     deadline = time.monotonic() + timeout
     liveness = LIVENESS[0] or policy.heartbeat.timeout
-    events.emit("launcher_start", arm="pod")
+    events.emit(LauncherStart(extra={"arm": "pod"}))
     restarts = 0
     with log.open("w") as out:
         while True:
@@ -160,11 +161,11 @@ def run_pod_restarts(policy_path: Path, run_id: str, log: Path, timeout: float) 
                 pass
             kill_all(timeout=0.0)  # also the workers torchrun started in sessions of their own
             if code == 0 or time.monotonic() >= deadline or restarts >= policy.restart.in_job.max_restarts:
-                events.emit("launcher_exit", exit_code=code, cause="pod-restart baseline ended")
+                events.emit(LauncherExit(exit_code=code, cause="pod-restart baseline ended"))
                 return code
             restarts += 1
-            events.emit("worker_failed", local_rank=None, worker_pid=proc.pid, exit_code=code, signal=None)
-            events.emit("restart_begin", layer="pod", attempts_left=None, max_restarts=None)
+            events.emit(WorkerFailed(worker_pid=proc.pid, exit_code=code))
+            events.emit(RestartBegin(layer="pod"))
 
 
 def _wait_alive(
@@ -172,6 +173,8 @@ def _wait_alive(
 ) -> int:
     """Wait for the "pod" to end; kill it when the events log stops growing (a liveness probe
     on the workers' progress: ``initial`` seconds after the start, then ``liveness``)."""
+    from nvtrain.events.records import HangDetected
+
     started = time.time()
     while True:
         code = proc.poll()
@@ -186,7 +189,7 @@ def _wait_alive(
             touched = started
         quiet = time.time() - max(touched, started)
         if quiet > (liveness if touched > started else initial):
-            events.emit("hang_detected", detector="liveness probe", quiet_s=round(quiet, 2))
+            events.emit(HangDetected(extra={"detector": "liveness probe", "quiet_s": round(quiet, 2)}))
             os.killpg(proc.pid, signal.SIGKILL)
             return -9
         time.sleep(0.2)

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from nvtrain.config.findings import Finding
+    from nvtrain.findings import Finding
 
 __all__ = ["ConfigError", "ExitCode", "NvtrainError", "UsageError", "signal_exit_code"]
 

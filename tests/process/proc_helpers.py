@@ -28,8 +28,8 @@ from typing import Any
 import psutil
 import pytest
 
-from nvtrain.config.findings import toml_value
 from nvtrain.events import read_events as events_in
+from nvtrain.findings import toml_value
 
 BIN = Path(__file__).resolve().parent / "bin"
 LAUNCHER_MODULE = "nvidia_resiliency_ext.fault_tolerance.launcher"
@@ -108,8 +108,9 @@ def make_policy(
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
-    """The events in ``path`` (a torn last line is skipped); [] when there is no file."""
-    return events_in(path) if path.is_file() else []
+    """The events in ``path`` as the log holds them (``Event.as_dict``; a torn last line is
+    skipped); [] when there is no file."""
+    return [event.as_dict() for event in events_in(path)] if path.is_file() else []
 
 
 def processes_with_env(name: str, value: str) -> list[psutil.Process]:

@@ -15,7 +15,6 @@ import errno
 import os
 import re
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +22,12 @@ import pytest
 from proc_helpers import BIN, Mount, NvtrainRunner, make_policy, read_events, write_policy
 
 from nvtrain.config.schema import Policy
-from nvtrain.events import EventLog
+from nvtrain.events import Event, EventLog
+from nvtrain.events.records import EventsLogError, LauncherOutputError
+from nvtrain.launcher.identity import identify
+from nvtrain.launcher.plan import LaunchPlan
 from nvtrain.launcher.process import Child
-from nvtrain.launcher.supervisor import _pump, _Watch
+from nvtrain.launcher.supervisor import Launcher, Supervisor
 
 pytestmark = pytest.mark.slow
 
@@ -111,42 +113,69 @@ for i in range(int(sys.argv[1])):
 """
 
 
+class _StandInSupervisor(Supervisor):
+    """The real supervisor, running ft_launcher's stand-in (a real child process); a test
+    process has no leftovers of the run to stop, and must not stop its other children."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.children: list[Child] = []
+
+    def start_launcher(self) -> Launcher:
+        child = super().start_launcher()
+        assert isinstance(child, Child)
+        self.children.append(child)
+        return child
+
+    def kill_leftovers(self) -> list[int]:
+        return []
+
+    def close(self) -> None:
+        """Close what ``nvtrain run`` leaves to its exit: the pipes, the guards' exit status."""
+        for child in self.children:
+            assert child.popen.stdout is not None
+            child.popen.stdout.close()
+            if child.guard is not None:
+                child.guard.wait(timeout=30)
+
+
 def test_the_reader_outlives_a_full_volume(tmp_path: Path, volume: Path) -> None:
     # ft_launcher's stand-in writes far more than a pipe holds; every event write and every
     # echo (nvtrain's stdout redirected to a file on the same volume) fails.
     fill(volume)
-    reported: list[tuple[str, dict[str, Any]]] = []
-
-    def report(event: str, fields: dict[str, Any]) -> None:
-        reported.append((event, fields))
-
+    reported: list[Event] = []
     policy = Policy.model_validate(
-        {"job": {"name": "t", "script": "train.py"}, "restart": {"escalate_after": 10}}
+        {"job": {"name": "t", "script": "train.py"}, "restart": {"escalate_after": 1000}}
+    )
+    identity = identify(policy, {"NVTRAIN_RUN_ID": "run-1"}, hostname="t-0")
+    plan = LaunchPlan(
+        argv=[sys.executable, "-c", _LAUNCHER_LIKE, "5000"],
+        env={},
+        endpoint="127.0.0.1:29500",
+        is_host=True,
+        wait_for=None,
+        stop_timeout=5.0,
     )
     events = EventLog(volume / "events.jsonl", node=0, run_id="run-1", source="launcher")
-    events.report = report
-    watch = _Watch(policy, events, report)
     out = (volume / "echo.txt").open("w", encoding="utf-8")
-    child = Child([sys.executable, "-c", _LAUNCHER_LIKE, "5000"], os.environ, capture=True)
-    reader = threading.Thread(target=_pump, args=(child, watch, out), daemon=True)
-    reader.start()
+    supervisor = _StandInSupervisor(
+        plan, policy, identity, events, env=os.environ, report=reported.append, out=out
+    )
+    events.report = supervisor.events_log_report
     try:
-        code = child.wait(60)  # blocks on the full pipe if the reader died
-        reader.join(60)
+        outcome = supervisor.run()  # never returns if the reader died: the stand-in blocks
     finally:
-        child.popen.kill()
-        child.popen.wait()
-        assert child.popen.stdout is not None
-        child.popen.stdout.close()
+        supervisor.close()
         with contextlib.suppress(OSError):  # its buffer cannot be written either
             out.close()
-    assert code == 0
-    assert not reader.is_alive()
-    assert len(watch.failures) == 500  # every failure line was still read and watched
-    names = [event for event, _ in reported]
+    assert outcome.exit_code == 0
+    assert len(supervisor.watch.failures) == 500  # every failure line was still read and watched
+    names = [record.name for record in reported]
     assert names.count("events_log_error") == 1, names[:5]
     assert names.count("launcher_output_error") == 1, names[:5]
-    error = dict(reported)["events_log_error"]
-    assert error["path"] == str(volume / "events.jsonl") and "No space left on device" in error["error"]
-    assert "echoing" in dict(reported)["launcher_output_error"]["error"]
-    assert events.dropped == 500
+    [error] = [r for r in reported if isinstance(r, EventsLogError)]
+    assert error.path == str(volume / "events.jsonl") and "No space left on device" in (error.error or "")
+    [output_error] = [r for r in reported if isinstance(r, LauncherOutputError)]
+    assert "echoing" in (output_error.error or "")
+    # launcher_start, launcher_started, the 500 failures, launcher_exit
+    assert events.dropped == 503

@@ -24,9 +24,8 @@ from proc_helpers import Mount, NvtrainRunner, make_policy, read_events, write_p
 from nvtrain.config.schema import Policy
 from nvtrain.errors import UsageError
 from nvtrain.events import EventLog
-from nvtrain.launcher.identity import identify
-from nvtrain.launcher.outcome import decide
-from nvtrain.launcher.supervisor import RunPaths, _Watch, write_state
+from nvtrain.events.records import Step
+from nvtrain.launcher.rundir import RunPaths, write_state
 
 # The Checkpointer tests import torch here: its pynvml shim warns on import, and
 # torch.distributed.checkpoint warns on every save and load without a process group.
@@ -247,16 +246,16 @@ def test_a_worker_events_log_on_a_full_volume_reports_once_and_never_raises(
     settings = load_settings({"NVTRAIN_EVENTS": str(volume / "events.jsonl"), "NVTRAIN_RUN_ID": "run-1"})
     events = settings.events(rank=0)
     assert events is not None
-    events.emit("step", step=1)
+    events.emit(Step(step=1))
     filler = fill(volume)
     with (volume / "events.jsonl").open("ab", buffering=0) as log:  # its last page too
         with pytest.raises(OSError, match="No space left"):
             while True:
                 log.write(b"\n" * 512)  # blank lines: readers skip them
     for step in range(2, 5):
-        events.emit("step", step=step)  # dropped, never raised
+        events.emit(Step(step=step))  # dropped, never raised
     filler.unlink()
-    events.emit("step", step=5)
+    events.emit(Step(step=5))
     err = capfd.readouterr().err.splitlines()
     assert [line for line in err if "cannot write the events log" in line] == [
         f"nvtrain worker rank 0: cannot write the events log {volume / 'events.jsonl'}: No space left on "
@@ -267,33 +266,6 @@ def test_a_worker_events_log_on_a_full_volume_reports_once_and_never_raises(
         "were dropped"
     ]
     assert [e["step"] for e in read_events(volume / "events.jsonl")] == [1, 5]
-
-
-def test_a_failed_run_names_the_volume_problem_in_its_cause(tmp_path: Path) -> None:
-    policy = Policy.model_validate(
-        {"job": {"name": "t", "script": "train.py"}, "checkpoint": {"dir": "/ckpt"}}
-    )
-    identity = identify(policy, {"JOB_COMPLETION_INDEX": "0", "NVTRAIN_RUN_ID": "run-1"}, hostname="t-0")
-    events = EventLog(tmp_path / "events.jsonl", node=0, run_id="run-1", source="launcher")
-    watch = _Watch(policy, events, lambda event, fields: None)
-    worker = EventLog(tmp_path / "events.jsonl", run_id="run-1", source="worker")
-    worker.emit(
-        "checkpoint_failed", rank=0, step=40, error="No space left on device (ENOSPC)", failed_in_a_row=3
-    )
-    watch.poll_workers()
-    outcome = decide(1, watch, policy, identity, "t-0:29500", None, storage=watch.storage_problem())
-    assert outcome.exit_code == 1
-    assert outcome.cause.endswith(
-        '. Checkpoint volume ([checkpoint] dir = "/ckpt"): the checkpoint of step 40 was not saved: '
-        "No space left on device (ENOSPC) (3 failed save(s) in a row)"
-    ), outcome.cause
-    assert "\n" not in outcome.cause
-    worker.emit("checkpoint_committed", rank=0, step=50)  # space came back: no longer the cause
-    watch.poll_workers()
-    assert watch.storage_problem() is None
-    assert decide(0, watch, policy, identity, "t-0:29500", None, storage="x").cause.startswith(
-        "run run-1 finished"
-    )
 
 
 # -- during the run: a real job -------------------------------------------------------------------

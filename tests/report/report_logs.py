@@ -3,15 +3,31 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from nvtrain.events.records import Event, from_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_LOG = ROOT / "tests/tuning/data/cpu-demo-events.jsonl"  # `nvtrain run` demo: exception@50, SIGKILL@90
 GPU_LOG = ROOT / "benchmarks/checkpoint/results/h200-gpu-demo-events.jsonl"
 MEM_TRUE_LOG = ROOT / "benchmarks/checkpoint/results/h200-in-memory-true-events.jsonl"
 MEM_FALSE_LOG = ROOT / "benchmarks/checkpoint/results/h200-in-memory-false-events.jsonl"
-REAL_LOGS = (CPU_LOG, GPU_LOG, MEM_TRUE_LOG, MEM_FALSE_LOG)
+V0_LOG = ROOT / "tests/report/data/events-v0.jsonl"
+"""`nvtrain run` before versioned events (no `v`): 2 ranks, an exception at step 25 (in-process,
+back to 20), a SIGKILL at step 45 (in-job, back to 40); 60 steps."""
+REAL_LOGS = (CPU_LOG, GPU_LOG, MEM_TRUE_LOG, MEM_FALSE_LOG, V0_LOG)
+
+
+def typed(events: Iterable[dict[str, Any]]) -> list[Event]:
+    """Hand-built events as ``read_events`` gives them: typed records (each one must be valid)."""
+    records = []
+    for fields in events:
+        record = from_fields(fields)
+        assert record is not None, f"not a valid event: {fields}"
+        records.append(record)
+    return records
 
 
 class Log:
@@ -34,6 +50,10 @@ class Log:
         return self.at(
             t + blocked, "checkpoint_staged", step=step, pid=pid, blocked_s=blocked, **{"async": True}
         )
+
+    def records(self) -> list[Event]:
+        """The events as typed records, in the order they were added."""
+        return typed(self.events)
 
     def write(self, path: Path) -> Path:
         path.write_text("".join(json.dumps(e) + "\n" for e in self.events), encoding="utf-8")

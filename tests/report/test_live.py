@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from report_logs import CPU_LOG, Log, two_recoveries
+from report_logs import CPU_LOG, Log, two_recoveries, typed
 
 from nvtrain.config.schema import Metrics
 from nvtrain.report import build_report, read_report
@@ -24,7 +24,7 @@ def flat(families: list[Family]) -> dict[tuple[str, tuple[tuple[str, str], ...]]
 
 def test_the_figures_of_a_finished_run() -> None:
     """two_recoveries(): 100 s, 60 kept steps at 1 s, recoveries of 4 s (in-process) and 13 s."""
-    got = flat(figures(build_report(two_recoveries().events, "t"), now=1100.0))
+    got = flat(figures(build_report(two_recoveries().records(), "t"), now=1100.0))
     assert got[("nvtrain_job_seconds", ())] == 100.0
     assert got[("nvtrain_step", ())] == 60.0
     assert got[("nvtrain_training_goodput_ratio", ())] == pytest.approx(0.6)
@@ -57,14 +57,14 @@ def test_the_figures_agree_with_the_report_of_a_real_run() -> None:
 
 def test_mid_recovery_and_unknown_figures() -> None:
     """Cut two_recoveries() just after the SIGKILL: recovering, no exit code yet."""
-    events = [e for e in two_recoveries().events if e["ts"] <= 1058.5]
+    events = [e for e in two_recoveries().records() if e.ts <= 1058.5]
     got = flat(figures(build_report(events, "t"), now=1060.0))
     assert got[("nvtrain_recovering", ())] == 1.0
     assert ("nvtrain_exit_code", ()) not in got
     assert got[("nvtrain_step", ())] == 45.0  # where the fault fired
     assert got[("nvtrain_checkpoint_age_steps", ())] == 5.0  # step 45 reached, 40 committed
     # Before any step, step figures are absent rather than zero.
-    start = flat(figures(build_report(Log().at(0, "launcher_start", node=0).events, "t"), now=1001.0))
+    start = flat(figures(build_report(Log().at(0, "launcher_start", node=0).records(), "t"), now=1001.0))
     assert ("nvtrain_step", ()) not in start and ("nvtrain_training_goodput_ratio", ()) not in start
     assert start[("nvtrain_recovering", ())] == 0.0
 
@@ -78,13 +78,13 @@ def test_live_figures_follow_a_growing_log(tmp_path: Path) -> None:
     assert live.report() is None and live.families() == []  # nothing built yet
     assert live.update() is True
     before = live.report()
-    assert before is not None and before.final_step == build_report(first, "t").final_step == 30
+    assert before is not None and before.final_step == build_report(typed(first), "t").final_step == 30
     assert live.update() is False and live.report() is before  # nothing new: not rebuilt
     _write(path, rest, append=True)
     assert live.update() is True
     after = live.report()
     assert after is not None and after.final_step == 60 and after.exit_code == 0
-    assert flat(live.families()) == flat(figures(build_report(events, "t"), now=1100.0))
+    assert flat(live.families()) == flat(figures(build_report(typed(events), "t"), now=1100.0))
 
     missing = LiveFigures(tmp_path / "none.jsonl", refresh=1.0)
     assert missing.update() is False and missing.report() is None and missing.families() == []
@@ -125,8 +125,13 @@ def test_the_endpoint_serves_the_figures_in_prometheus_format(tmp_path: Path) ->
     _write(path, two_recoveries().events)
     server = serve(Metrics(enabled=True, port=_free_port()), path, run_id="r", node=3, address="127.0.0.1")
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as reply:
-            text = reply.read().decode()
+        # The first build runs in the server's own thread: a scrape before it ends has no figures.
+        deadline = time.monotonic() + 20
+        text = ""
+        while "nvtrain_step{" not in text and time.monotonic() < deadline:
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as reply:
+                text = reply.read().decode()
+            time.sleep(0.05)
     finally:
         server.close()
     samples = {
@@ -160,10 +165,10 @@ def test_saves_in_flight_at_faults_are_counted() -> None:
     log = two_recoveries()
     log.at(29.1, "checkpoint_settled", step=20, pid=1, rank=0, waited_s=0.4, finished=True)
     log.events.sort(key=lambda e: e["ts"])
-    got = flat(figures(build_report(log.events, "t"), now=1100.0))
+    got = flat(figures(build_report(log.records(), "t"), now=1100.0))
     assert got[("nvtrain_checkpoint_in_flight_at_faults", (("result", "finished"),))] == 1.0
     assert got[("nvtrain_checkpoint_in_flight_at_faults", (("result", "dropped"),))] == 0.0
-    plain = flat(figures(build_report(two_recoveries().events, "t"), now=1100.0))
+    plain = flat(figures(build_report(two_recoveries().records(), "t"), now=1100.0))
     assert not any(name == "nvtrain_checkpoint_in_flight_at_faults" for name, _ in plain)
 
 

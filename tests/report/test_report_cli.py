@@ -9,12 +9,13 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from report_logs import CPU_LOG, ROOT, two_recoveries
 from typer.testing import CliRunner, Result
 
-import nvtrain.tuning.measured
+import nvtrain.runlog.files
 from nvtrain.cli import app
 from nvtrain.report import TIMELINE_FILE
 
@@ -196,10 +197,10 @@ def _write(path: Path, text: str) -> Path:
 
 
 def test_unreadable_log_exits_2(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def denied(path: Path) -> list[dict[str, object]]:
+    def denied(path: Path) -> NoReturn:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(nvtrain.tuning.measured, "read_events", denied)
+    monkeypatch.setattr(nvtrain.runlog.files, "read_events", denied)
     result = report(str(run_dir))
     assert result.exit_code == 2
     assert "cannot be read (Permission denied)" in result.stderr
@@ -279,9 +280,9 @@ def test_the_library_loads_neither_the_cli_stack_nor_matplotlib() -> None:
         f"""
         import json, sys
         from pathlib import Path
-        from nvtrain.report import read_report
+        from nvtrain.report import read_report, report_dict
 
-        read_report(Path({str(CPU_LOG)!r})).to_dict()
+        report_dict(read_report(Path({str(CPU_LOG)!r})))
         heavy = {{"typer", "rich", "click", "torch", "nvidia_resiliency_ext", "matplotlib"}}
         print(json.dumps({{"loaded": sorted({{m.split(".")[0] for m in sys.modules}} & heavy)}}))
         """

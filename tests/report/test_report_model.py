@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 from report_logs import Log, first_stretch, two_recoveries
 
-from nvtrain.report import PHASES, Report, Stats, build_report
+from nvtrain.events.records import from_fields
+from nvtrain.report import PHASES, Report, Stats, build_report, report_dict
 
 
 def report_of(log: Log) -> Report:
-    return build_report(log.events, "events.jsonl")
+    return build_report(log.records(), "events.jsonl")
 
 
 def test_stats_are_median_p95_max_total() -> None:
@@ -232,10 +233,12 @@ def test_a_log_without_steps_has_no_goodput() -> None:
 
 
 def test_junk_and_nothing() -> None:
-    r = build_report([{"event": "step"}, {"ts": "x"}, {"ts": True, "event": "step"}], "x")
+    junk = ({"event": "step"}, {"ts": "x"}, {"ts": True, "event": "step"})
+    assert [from_fields(e) for e in junk] == [None] * 3  # not events: the reader skips them
+    r = build_report([], "x")
     assert r.time.total == 0 and not r.incidents and r.training_goodput is None
     assert any("no launcher_exit" in note for note in r.notes)
-    data = r.to_dict()
+    data = report_dict(r)
     assert data["incidents"] == [] and data["goodput"]["training"] is None
 
 
@@ -248,9 +251,9 @@ def test_saves_in_flight_at_soft_faults_finished_or_dropped() -> None:
     # At the SIGKILL (58 s) the survivor waited out its limit for the save of step 40.
     log.at(58.6, "checkpoint_settled", step=40, pid=1, rank=0, waited_s=3.0, finished=False)
     log.events.sort(key=lambda e: e["ts"])
-    ck = build_report(log.events, "t").checkpoints
+    ck = build_report(log.records(), "t").checkpoints
     assert (ck.finished_at_faults, ck.dropped_at_faults) == (1, 1)
     assert ck.settle_waited is not None and (ck.settle_waited.count, ck.settle_waited.max) == (2, 3.0)
     assert ck.settle_waited.median == pytest.approx(1.7)  # the slowest rank of each save: 0.4 and 3.0
-    none = build_report(two_recoveries().events, "t").checkpoints
+    none = build_report(two_recoveries().records(), "t").checkpoints
     assert (none.finished_at_faults, none.dropped_at_faults, none.settle_waited) == (0, 0, None)

@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
+from nvtrain.config.timings import Timings, read_timings
 from nvtrain.errors import UsageError
-from nvtrain.tuning.measured import events_file, measure_events, read_measured
-from nvtrain.tuning.timings import Timings, read_timings
+from nvtrain.events.records import Event, from_fields
+from nvtrain.runlog import events_file
+from nvtrain.tuning.measured import measure_events, read_measured
 
 DATA = Path(__file__).resolve().parent / "data"
 CPU_LOG = DATA / "cpu-demo-events.jsonl"  # `nvtrain run` of the built-in demo job (CPU, 2 ranks)
@@ -38,6 +40,12 @@ class Log:
     def save(self, step: int, *, blocked: float, waited: float = 0.0, pid: int = 1) -> Log:
         self.at(0.0, "checkpoint_begin", step=step, pid=pid, waited_for_previous_s=waited)
         return self.at(blocked, "checkpoint_staged", step=step, pid=pid, blocked_s=blocked, bytes=10)
+
+    def records(self) -> list[Event]:
+        """The events as ``read_events`` gives them: typed records (each one must be valid)."""
+        records = [from_fields(e) for e in self.events]
+        assert None not in records, self.events
+        return [r for r in records if r is not None]
 
     def write(self, path: Path) -> Path:
         path.write_text("".join(json.dumps(e) + "\n" for e in self.events), encoding="utf-8")
@@ -74,7 +82,7 @@ def two_rank_run() -> Log:
 
 
 def test_measures_of_a_synthetic_log() -> None:
-    measured = measure_events(two_rank_run().events, "log")
+    measured = measure_events(two_rank_run().records(), "log")
     t = measured.timings
     assert t.step is not None and t.step.median == pytest.approx(0.6) and measured.counts["step"] == 3
     assert t.step.max == pytest.approx(0.7)  # step 11 (after a save) is not a sample
@@ -106,22 +114,21 @@ def test_measures_of_a_synthetic_log() -> None:
 def test_in_job_is_told_from_a_higher_restart_count_alone() -> None:
     log = Log().step(1, None).step(10, 1.0).at(1.0, "fault_injected", step=12, pid=1, kind="sigkill")
     log.step(11, None, pid=5, restarts=1)
-    assert [r.layer for r in measure_events(log.events, "x").recoveries] == ["in_job"]
+    assert [r.layer for r in measure_events(log.records(), "x").recoveries] == ["in_job"]
 
 
 def test_memory_loads_count_when_no_load_read_storage() -> None:
     log = Log().at(1, "checkpoint_restored", seconds=0.1, source="memory")
-    measured = measure_events(log.events, "x")
+    measured = measure_events(log.records(), "x")
     assert measured.restore_from == "memory" and measured.counts["restore"] == 1
 
 
 def test_junk_is_ignored() -> None:
-    events: list[dict[str, Any]] = [
-        {"event": "step"},
-        {"ts": "x", "event": "step"},
-        {"ts": 1.0, "event": "step", "step_s": -1, "step": 3},
-    ]
-    measured = measure_events(events, "x")
+    junk: list[dict[str, Any]] = [{"event": "step"}, {"ts": "x", "event": "step"}]
+    assert [from_fields(e) for e in junk] == [None, None]  # not events: the reader skips them
+    negative = from_fields({"ts": 1.0, "event": "step", "step_s": -1, "step": 3})
+    assert negative is not None
+    measured = measure_events([negative], "x")  # a negative duration is no sample
     assert measured.timings == Timings()
     assert not measured.recoveries
 
@@ -182,3 +189,28 @@ def test_measured_timings_are_a_valid_timings_file(tmp_path: Path) -> None:
     path.write_text(timings.model_dump_json(exclude_none=True), encoding="utf-8")
     parsed = read_timings(path)
     assert parsed.findings == [] and parsed.model == timings
+
+
+def test_hangs_and_pod_restarts_are_measured_as_the_report_groups_them() -> None:
+    """A hang the launcher detected (nothing injected) counts from its detection, not from the
+    kill that followed; a pod stopped and started again is a recovery in new processes. Both
+    commands group the log through ``nvtrain.runlog``, so tune-interval measures what the report
+    shows."""
+    from nvtrain.report import build_report
+
+    log = Log().at(0, "launcher_start", node=0).step(1, None).step(10, 1.0)
+    log.at(10, "hang_detected", node=0, local_rank=0, heartbeat="subsequent")
+    log.at(10, "worker_failed", node=0, local_rank=0, exit_code=-9, signal="SIGKILL")
+    log.at(0.5, "restart_begin", layer="in_job", node=0, attempts_left=2)
+    log.step(11, None, pid=2, restarts=1)
+    log.at(5, "signal", node=0, signal="SIGTERM").at(1, "launcher_exit", node=0, exit_code=143)
+    log.at(20, "launcher_start", node=0).step(11, None, pid=3)  # a new pod: restart_count 0 again
+    measured = measure_events(log.records(), "x")
+    assert [(r.layer, r.cause) for r in measured.recoveries] == [("in_job", "hang"), ("in_job", "SIGTERM")]
+    assert [r.seconds for r in measured.recoveries] == pytest.approx([10.6, 21.1])
+    assert measured.counts["restart_in_job"] == 2 and measured.counts["restart_in_process"] == 0
+    report = build_report(log.records(), "x")
+    assert [(i.layer, i.seconds) for i in report.incidents] == [
+        ("in_job", pytest.approx(10.6)),
+        ("pod", pytest.approx(21.1)),
+    ]

@@ -15,12 +15,12 @@ import pytest
 
 import nvtrain.config.load
 from nvtrain.config import validate_file, validate_source
-from nvtrain.config.findings import Finding, toml_value
+from nvtrain.config.timings import read_timings
 from nvtrain.config.validation import Validation
+from nvtrain.findings import Finding, toml_value
 from nvtrain.launcher.identity import Identity
 from nvtrain.launcher.plan import build_plan
 from nvtrain.nvrx import NvrxVersion
-from nvtrain.tuning.timings import read_timings
 
 NVRX = NvrxVersion.parse("0.4.1")
 JOB = '[job]\nname = "job-1"\n'

@@ -60,10 +60,10 @@ def test_library_does_not_import_the_cli_stack() -> None:
         """
         import json, sys
         import nvtrain, nvtrain.errors, nvtrain.nvrx, nvtrain.templates
-        import nvtrain.config, nvtrain.config.checks, nvtrain.config.duration, nvtrain.config.findings
+        import nvtrain.config, nvtrain.config.checks, nvtrain.config.duration, nvtrain.findings
         import nvtrain.config.load, nvtrain.config.locate, nvtrain.config.reference
         import nvtrain.config.schema, nvtrain.config.validation
-        import nvtrain.tuning, nvtrain.tuning.timings
+        import nvtrain.tuning, nvtrain.config.timings
         from nvtrain.config import validate_file
         from nvtrain.nvrx import NvrxVersion
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from nvtrain.config import validate_source
+from nvtrain.config import Validation, validate_source
 from nvtrain.nvrx import NvrxVersion
 from nvtrain.tuning import Measure, Timings, read_timings
+from nvtrain.tuning.sources import read_timings_or_log
 
 NVRX = NvrxVersion.parse("0.4.1")
 
@@ -198,7 +199,7 @@ def check(
         interval=interval,
         stop=stop,
     )
-    result = validate_source(text, "p.toml", nvrx=NVRX, timings_path=path)
+    result = validate_with(text, path)
     return [(f.severity, f.code, f.where, f.line, f.value, f.rule, f.fix) for f in result.findings]
 
 
@@ -359,7 +360,7 @@ def test_stop_timeout_shorter_than_a_write_is_a_warning(tmp_path: Path) -> None:
 
 def test_findings_of_the_timings_file_come_with_its_name(tmp_path: Path) -> None:
     path = write(tmp_path, "timings.toml", 'step = "fast"\n')
-    result = validate_source(
+    result = validate_with(
         POLICY.format(
             initial="20m",
             timeout="5m",
@@ -370,9 +371,7 @@ def test_findings_of_the_timings_file_come_with_its_name(tmp_path: Path) -> None
             interval=100,
             stop="1h",
         ),
-        "p.toml",
-        nvrx=NVRX,
-        timings_path=path,
+        path,
     )
     assert [(f.file, f.line, f.where, f.rule) for f in result.findings] == [
         (str(path), 1, "(top level) step", "is not a duration")
@@ -398,6 +397,12 @@ def events_log(path: Path, step_times: list[float]) -> Path:
     return path
 
 
+def validate_with(text: str, timings_path: Path) -> Validation:
+    """``validate --timings``: the timings read as the CLI reads them, then the policy checked."""
+    timings, problems = read_timings_or_log(timings_path)
+    return validate_source(text, "p.toml", nvrx=NVRX, timings=timings, timings_findings=problems)
+
+
 def findings_with(timings_path: Path, *, with_fix: bool = False, **policy: str) -> list[tuple[object, ...]]:
     values = {
         "initial": "20m",
@@ -409,9 +414,7 @@ def findings_with(timings_path: Path, *, with_fix: bool = False, **policy: str) 
         "interval": "100",
         "stop": "1h",
     }
-    result = validate_source(
-        POLICY.format(**{**values, **policy}), "p.toml", nvrx=NVRX, timings_path=timings_path
-    )
+    result = validate_with(POLICY.format(**{**values, **policy}), timings_path)
     return [
         (f.severity, f.code, f.where, f.file, f.rule, *([f.fix] if with_fix else [])) for f in result.findings
     ]

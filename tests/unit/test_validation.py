@@ -19,9 +19,9 @@ from nvtrain.config import (
     validate_source,
 )
 from nvtrain.config.checks import check
+from nvtrain.config.demo import DEMO_POLICY_SOURCE, demo_policy_text
 from nvtrain.errors import ConfigError, ExitCode, NvtrainError
 from nvtrain.nvrx import NvrxVersion
-from nvtrain.templates import DEMO_POLICY_SOURCE, demo_policy_text
 
 NVRX = NvrxVersion.parse("0.4.1")
 POLICIES = Path(__file__).resolve().parent.parent / "policies"

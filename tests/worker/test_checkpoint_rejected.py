@@ -24,6 +24,9 @@ from test_checkpointer import (
     _train,
 )
 
+from nvtrain.events import Event
+from nvtrain.events.records import from_fields
+
 pytestmark = [
     pytest.mark.filterwarnings(
         "ignore:torch.distributed is disabled, unavailable or uninitialized:UserWarning"
@@ -213,6 +216,13 @@ def test_a_damaged_newest_checkpoint_is_moved_aside_at_restore(tmp_path: Path, h
 # -- the report ---------------------------------------------------------------------------------
 
 
+def typed(lines: list[dict[str, Any]]) -> list[Event]:
+    """The records a reader of the log gets for these lines (all valid here)."""
+    events = [from_fields(line) for line in lines]
+    assert None not in events
+    return [e for e in events if e is not None]
+
+
 def _report_log(rejected: str | None) -> list[dict[str, Any]]:
     """Steps 1..25 at 1 s a step, commits of 10 and 20, a SIGKILL at 25; the restart finds step 20
     damaged (``rejected``: which events say so) and goes back to 10."""
@@ -248,7 +258,7 @@ def _report_log(rejected: str | None) -> list[dict[str, Any]]:
 def test_the_report_does_not_count_a_rejected_checkpoint_as_the_newest_commit(rejected: str) -> None:
     from nvtrain.report import build_report
 
-    report = build_report(_report_log(rejected), "events.jsonl")
+    report = build_report(typed(_report_log(rejected)), "events.jsonl")
     (incident,) = report.incidents
     assert (incident.last_step, incident.restored_step, incident.rollback_steps) == (25, 10, 15)
     assert incident.freshness_steps == 15  # step 20's checkpoint was never usable
@@ -262,7 +272,7 @@ def test_the_report_counts_a_commit_that_was_not_rejected() -> None:
     """The counterpart: step 20 is restored, its commit counts (freshness 5), as before."""
     from nvtrain.report import build_report
 
-    report = build_report(_report_log(None), "events.jsonl")
+    report = build_report(typed(_report_log(None)), "events.jsonl")
     (incident,) = report.incidents
     assert (incident.restored_step, incident.freshness_steps) == (20, 5)
     assert [step for _, step in report.checkpoints.commits] == [10, 20]

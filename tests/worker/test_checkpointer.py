@@ -122,7 +122,7 @@ def _events(path: Path) -> Any:
 def _read(path: Path) -> list[dict[str, Any]]:
     from nvtrain.events import read_events
 
-    return read_events(path) if path.is_file() else []
+    return [e.as_dict() for e in read_events(path)] if path.is_file() else []
 
 
 def _named(path: Path, event: str) -> list[dict[str, Any]]:

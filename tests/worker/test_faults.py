@@ -21,7 +21,7 @@ import pytest
 from worker_helpers import BIN, child_env
 
 from nvtrain.config.schema import Fault
-from nvtrain.events import EventLog, read_events
+from nvtrain.events import Event, EventLog, read_events
 
 
 def _fire(run_dir: Path, faults: list[dict[str, Any]], step: int, rank: int) -> subprocess.Popen[str]:
@@ -63,7 +63,11 @@ def _fired(run_dir: Path) -> list[tuple[int, int, str]]:
     path = run_dir / "events.jsonl"
     if not path.is_file():
         return []
-    return [(e["step"], e["rank"], e["kind"]) for e in read_events(path) if e["event"] == "fault_injected"]
+    return [
+        (e["step"], e["rank"], e["kind"])
+        for e in map(Event.as_dict, read_events(path))
+        if e["event"] == "fault_injected"
+    ]
 
 
 def _markers(run_dir: Path) -> list[str]:

@@ -61,7 +61,7 @@ def test_a_writer_killed_mid_write_leaves_a_partial_folder_that_is_never_restore
     assert restorer.restore() == 10
     assert writer.state_hash(model, optimizer) == step10
 
-    records = read_events(events)
+    records = [e.as_dict() for e in read_events(events)]
     partial_events = [e for e in records if e["event"] == "checkpoint_partial"]
     assert [(e["step"], e["path"]) for e in partial_events] == [(20, str(partial))]
     assert [e for e in records if e["event"] == "checkpoint_corrupt"] == []

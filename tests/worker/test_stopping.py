@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nvtrain.events import EventLog
+from nvtrain.events.records import SignalReceived, Step
 
 
 def pod_is_stopping(path: Path | None, since: float | None = None) -> bool:
@@ -19,18 +20,18 @@ def test_a_launcher_signal_event_since_the_start_means_the_pod_is_stopping(tmp_p
     path = tmp_path / "events.jsonl"
     launcher = EventLog(path, source="launcher")
     worker = EventLog(path, source="worker", rank=0)
-    old = launcher.emit("signal", signal="SIGTERM")  # an earlier stop of this run
+    old = launcher.emit(SignalReceived(signal="SIGTERM"))  # an earlier stop of this run
     start = old["ts"] + 0.001
-    worker.emit("step", step=5)
+    worker.emit(Step(step=5))
     assert not pod_is_stopping(path, since=start)
-    worker.emit("signal", signal="SIGTERM")  # not the launcher's
+    worker.emit(SignalReceived(signal="SIGTERM"))  # not the launcher's
     assert not pod_is_stopping(path, since=start)
-    launcher.emit("signal", signal="SIGTERM")
+    launcher.emit(SignalReceived(signal="SIGTERM"))
     for n in range(2000):  # pushed back beyond the tail that is read: then not seen
-        worker.emit("step", step=n)
+        worker.emit(Step(step=n))
     assert not pod_is_stopping(path, since=start)
-    launcher.emit("signal", signal="SIGINT")
-    worker.emit("step", step=6)
+    launcher.emit(SignalReceived(signal="SIGINT"))
+    worker.emit(Step(step=6))
     with path.open("ab") as f:
         f.write(b'{"ts": 1e12, "event": "st')  # a torn last line
     assert pod_is_stopping(path, since=start)

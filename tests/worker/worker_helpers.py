@@ -24,8 +24,8 @@ from typing import Any
 
 import psutil
 
-from nvtrain.config.findings import toml_value
 from nvtrain.events import read_events as events_in
+from nvtrain.findings import toml_value
 
 BIN = Path(__file__).resolve().parent / "bin"
 TOKEN_VAR = "NVT_WORKER_TEST_TOKEN"
@@ -158,7 +158,7 @@ class RunResult:
 
 def read_events(path: Path) -> list[dict[str, Any]]:
     """The events in ``path`` (a torn last line is skipped); [] when there is no file."""
-    return events_in(path) if path.is_file() else []
+    return [e.as_dict() for e in events_in(path)] if path.is_file() else []
 
 
 def start_nvtrain(

@@ -9,16 +9,18 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from nvtrain.config.findings import Finding
 from nvtrain.config.validation import Setting
 from nvtrain.errors import NvtrainError, UsageError
+from nvtrain.findings import Finding
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
+
+    from nvtrain.events import Event, Reporter
 
 
 class _LazyConsole:
@@ -128,22 +130,33 @@ def print_error(exc: NvtrainError) -> None:
 
 
 _QUIET = {"launcher_started"}
+_WORKER_FIELDS = (
+    "step", "kind", "layer", "iteration", "origin", "seconds", "finished", "problem", "error",
+)  # fmt: skip
+"""What is shown of a worker's event (after its rank): what happened, not every detail."""
 
 
-def event_reporter() -> Callable[[str, dict[str, Any]], None]:
+def event_reporter() -> Reporter:
     """Prints the supervisor's events: styled on a terminal, logfmt lines in pod logs."""
     if err.is_terminal:
         return _styled_event
     return _plain_event
 
 
-def _plain_event(event: str, fields: dict[str, Any]) -> None:
-    if event in _QUIET:
+def _shown_fields(record: Event) -> dict[str, Any]:
+    """The fields of ``record`` to show: a worker's rank and what happened; all of the
+    launcher's but its command line (which stays in the events log)."""
+    fields = record.fields()
+    if record.rank is None:
+        return {k: v for k, v in fields.items() if k != "argv"}
+    return {"rank": record.rank, **{k: v for k, v in fields.items() if k in _WORKER_FIELDS}}
+
+
+def _plain_event(record: Event) -> None:
+    if record.name in _QUIET:
         return
-    parts = [f"event={event}"]
-    for key, value in fields.items():
-        if key == "argv":
-            continue
+    parts = [f"event={record.name}"]
+    for key, value in _shown_fields(record).items():
         text = value if isinstance(value, str) else json.dumps(value, default=str)
         if isinstance(value, str) and (" " in text or '"' in text or not text):
             text = json.dumps(text)
@@ -161,15 +174,17 @@ _EVENT_STYLE = {
 }
 
 
-def _styled_event(event: str, fields: dict[str, Any]) -> None:
-    if event in _QUIET:
+def _styled_event(record: Event) -> None:
+    from nvtrain.events.records import LauncherExit
+
+    if record.name in _QUIET:
         return
-    if event == "launcher_exit":
-        style = "bold green" if fields.get("exit_code") == 0 else "bold red"
-        err.print(f"[{style}]nvtrain:[/] {escape(str(fields.get('cause', '')))}")
+    if isinstance(record, LauncherExit):
+        style = "bold green" if record.exit_code == 0 else "bold red"
+        err.print(f"[{style}]nvtrain:[/] {escape(record.cause or '')}")
         return
-    details = ", ".join(f"{k}={v}" for k, v in fields.items() if k != "argv")
-    err.print(f"[{_EVENT_STYLE.get(event, 'cyan')}]nvtrain: {event}[/] {escape(details)}")
+    details = ", ".join(f"{k}={v}" for k, v in _shown_fields(record).items())
+    err.print(f"[{_EVENT_STYLE.get(record.name, 'cyan')}]nvtrain: {record.name}[/] {escape(details)}")
 
 
 # -- tune-interval ----------------------------------------------------------------------------

@@ -41,7 +41,7 @@ def command(
     Exit 0 with a report; 2 when the log is missing, unreadable or empty, or the PNG cannot be
     drawn (it needs matplotlib: install nvtrain's report extra, or add --no-timeline).
     """
-    from nvtrain.report import TIMELINE_FILE, read_report, write_timeline
+    from nvtrain.report import TIMELINE_FILE, read_report, report_dict, write_timeline
 
     if timeline is not None and no_timeline:
         raise UsageError("--timeline and --no-timeline cannot be used together", "give one of them")
@@ -54,7 +54,7 @@ def command(
             refuse_overwrite("--timeline", timeline, {"the events log": Path(report.source)})
         png = write_timeline(report, timeline or Path(report.source).parent / TIMELINE_FILE)
     if as_json:
-        typer.echo(json.dumps(report.to_dict(timeline=None if png is None else str(png)), indent=2))
+        typer.echo(json.dumps(report_dict(report, None if png is None else str(png)), indent=2))
         return
     from nvtrain.cli import _console
 

@@ -40,7 +40,8 @@ def command(
     """
     from nvtrain.config.validation import load_policy
     from nvtrain.launcher.identity import identify
-    from nvtrain.launcher.supervisor import prepare, supervise
+    from nvtrain.launcher.rundir import prepare
+    from nvtrain.launcher.supervisor import supervise
 
     loaded = load_policy(policy)
     identity = identify(loaded, run_id=run_id)

@@ -50,6 +50,7 @@ def command(
     """
     from nvtrain.config.validation import effective_settings, validate_file
     from nvtrain.nvrx import NvrxVersion
+    from nvtrain.tuning.sources import read_timings_or_log
 
     version: NvrxVersion | Literal["installed"] = "installed"
     if nvrx is not None:
@@ -59,11 +60,12 @@ def command(
             raise UsageError(
                 f"--nvrx {nvrx!r} is not a version", "give a version such as 0.4.1 or 0.7.0"
             ) from None
-    result = validate_file(policy, nvrx=version, timings_path=timings)
+    measured, problems = (None, []) if timings is None else read_timings_or_log(timings)
+    result = validate_file(policy, nvrx=version, timings=measured, timings_findings=problems)
     if manifest is not None:
         from nvtrain.templates.manifest_checks import with_manifest
 
-        result = with_manifest(result, manifest, policy, timings)
+        result = with_manifest(result, manifest, policy, measured)
     code = ExitCode.OK
     if result.errors or result.policy is None:
         code = ExitCode.USAGE

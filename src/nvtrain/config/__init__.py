@@ -4,7 +4,6 @@ Nothing in this package imports torch or NVRx.
 """
 
 from nvtrain.config.duration import format_duration, parse_duration
-from nvtrain.config.findings import Finding
 from nvtrain.config.schema import Policy
 from nvtrain.config.validation import (
     Setting,
@@ -14,6 +13,7 @@ from nvtrain.config.validation import (
     validate_file,
     validate_source,
 )
+from nvtrain.findings import Finding
 
 __all__ = [
     "Finding",

@@ -17,12 +17,12 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from nvtrain.config.duration import format_duration, is_duration_field
-from nvtrain.config.findings import Finding, Severity, toml_value
 from nvtrain.config.schema import Policy
+from nvtrain.findings import Finding, Severity, toml_value
 
 if TYPE_CHECKING:
+    from nvtrain.config.timings import Timings
     from nvtrain.nvrx import NvrxVersion
-    from nvtrain.tuning.timings import Timings
 
 __all__ = ["MARGIN", "MAX_DURATION", "MAX_NODES", "MAX_NPROC", "check"]
 

@@ -22,9 +22,9 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from nvtrain.config.duration import format_duration, is_duration_field
-from nvtrain.config.findings import Finding, table_label, toml_value
 from nvtrain.config.locate import Positions, key_positions, lookup
 from nvtrain.config.schema import table_model
+from nvtrain.findings import Finding, table_label, toml_value
 
 __all__ = [
     "MAX_FILE_BYTES",

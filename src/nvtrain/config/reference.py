@@ -17,8 +17,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from nvtrain.config.duration import format_duration, is_duration_field
-from nvtrain.config.findings import toml_value
 from nvtrain.config.schema import Policy, table_model
+from nvtrain.findings import toml_value
 
 __all__ = ["BEGIN", "END", "key_reference", "schema_json", "update_docs"]
 

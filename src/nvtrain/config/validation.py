@@ -15,23 +15,24 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel
 
 from nvtrain.config.checks import check
+from nvtrain.config.demo import DEMO_POLICY_SOURCE, demo_policy_text
 from nvtrain.config.duration import format_duration, is_duration_field
-from nvtrain.config.findings import Finding, toml_value
 from nvtrain.config.load import attach_positions, parse_model, read_source
 from nvtrain.config.schema import Policy
 from nvtrain.errors import ConfigError
+from nvtrain.findings import Finding, toml_value
 from nvtrain.nvrx import NvrxVersion, installed_nvrx
-from nvtrain.templates import DEMO_POLICY_SOURCE, demo_policy_text
 
 if TYPE_CHECKING:
-    from nvtrain.tuning.timings import Timings
+    from collections.abc import Sequence
+
+    from nvtrain.config.timings import Timings
 
 __all__ = [
     "Setting",
     "Validation",
     "effective_settings",
     "load_policy",
-    "read_timings_or_log",
     "validate_file",
     "validate_source",
 ]
@@ -66,16 +67,24 @@ def validate_file(
     path: Path | None,
     *,
     nvrx: NvrxChoice = "installed",
-    timings_path: Path | None = None,
+    timings: Timings | None = None,
+    timings_findings: Sequence[Finding] = (),
 ) -> Validation:
-    """Validate the policy at ``path`` (the built-in demo policy when None)."""
+    """Validate the policy at ``path`` (the built-in demo policy when None), against measured
+    ``timings`` if given (``timings_findings``: the problems of reading them, reported too)."""
     if path is None:
-        return validate_source(demo_policy_text(), DEMO_POLICY_SOURCE, nvrx=nvrx, timings_path=timings_path)
+        return validate_source(
+            demo_policy_text(),
+            DEMO_POLICY_SOURCE,
+            nvrx=nvrx,
+            timings=timings,
+            timings_findings=timings_findings,
+        )
     raw, problem = read_source(path)
     if raw is None:
         assert problem is not None
         return Validation(str(path), None, [problem], None, {})
-    return validate_source(raw, str(path), nvrx=nvrx, timings_path=timings_path)
+    return validate_source(raw, str(path), nvrx=nvrx, timings=timings, timings_findings=timings_findings)
 
 
 def validate_source(
@@ -83,9 +92,11 @@ def validate_source(
     source: str,
     *,
     nvrx: NvrxChoice = "installed",
-    timings_path: Path | None = None,
+    timings: Timings | None = None,
+    timings_findings: Sequence[Finding] = (),
 ) -> Validation:
-    """Validate policy text ``raw`` read from ``source`` (a name used in messages)."""
+    """Validate policy text ``raw`` read from ``source`` (a name used in messages); see
+    ``validate_file`` for ``timings``."""
     parsed = parse_model(raw, source, Policy)
     findings = list(parsed.findings)
     version: NvrxVersion | None
@@ -105,10 +116,7 @@ def validate_source(
             )
     else:
         version = nvrx
-    timings = None
-    if timings_path is not None:
-        timings, problems = read_timings_or_log(timings_path)
-        findings.extend(problems)
+    findings.extend(timings_findings)
     model = parsed.model if parsed.model is not None else _salvage(parsed.data, parsed.findings)
     if model is not None:
         bad = {(f.table, f.key) for f in parsed.findings}
@@ -170,53 +178,6 @@ class Setting:
     key: str
     value: str
     from_file: bool
-
-
-def read_timings_or_log(path: Path) -> tuple[Timings | None, list[Finding]]:
-    """The timings that ``--timings PATH`` names, and the findings of reading them; never raises.
-
-    PATH is a timings file (TOML, or JSON when it ends in ``.json``), or a run's events log: a
-    run directory (``<checkpoint dir>/<run id>``, its ``events.jsonl`` is read) or a ``.jsonl``
-    file, from which the timings are measured as ``nvtrain tune-interval --from-run`` does.
-    """
-    if not (path.is_dir() or path.suffix == ".jsonl"):
-        from nvtrain.tuning.timings import read_timings
-
-        parsed = read_timings(path)
-        return parsed.model, parsed.findings
-
-    from nvtrain.events import read_events
-    from nvtrain.tuning.measured import EVENTS_FILE, measure_events
-
-    target = path / EVENTS_FILE if path.is_dir() else path
-    fix = (
-        f"give a run directory (<checkpoint dir>/<run id>) or the {EVENTS_FILE} that "
-        "`nvtrain run` wrote in it"
-    )
-    try:
-        events = read_events(target)
-    except FileNotFoundError:
-        rule = f"has no {EVENTS_FILE}" if path.is_dir() else "file not found"
-        return None, [Finding("error", "unreadable", "", None, rule, fix, file=str(path))]
-    except OSError as exc:
-        rule = f"cannot be read ({exc.strerror or exc})"
-        return None, [Finding("error", "unreadable", "", None, rule, fix, file=str(target))]
-    if not events:
-        return None, [Finding("error", "unreadable", "", None, "holds no events", fix, file=str(target))]
-    timings = measure_events(events, str(target)).timings
-    if timings.step is not None:
-        return timings, []
-    no_steps = Finding(
-        "warning",
-        "timings-no-steps",
-        "",
-        None,
-        "has no step timings (`step` events with a `step_s`), so the heartbeat and soft timeouts "
-        "were not checked against it",
-        "give the events log of a run that completed steps, or a timings file with `step`",
-        file=str(target),
-    )
-    return timings, [no_steps]
 
 
 def effective_settings(policy: Policy, data: dict[str, Any]) -> list[Setting]:

@@ -11,12 +11,14 @@ import dataclasses
 import json
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from nvtrain.config.schema import Policy
 from nvtrain.errors import ExitCode, signal_exit_code
+from nvtrain.events import Reporter
+from nvtrain.events.records import TerminationLogError, WorkerFailed
 from nvtrain.launcher.identity import Identity
 from nvtrain.nvrx import NO_RESTART_EXIT_CODE, NvrxVersion
 
@@ -47,19 +49,35 @@ class Outcome:
 
 
 class Observed(Protocol):
-    """What the supervisor saw during the run (its ``_Watch``)."""
+    """What the supervisor saw during the run (``launcher.watch.Watch``); read-only here."""
 
-    signum: int | None
-    escalated: str | None
-    failures: list[dict[str, Any]]
-    """``worker_failed`` fields, first failure first."""
-    restarts: int
-    launcher_error: str | None
-    """The last ft_launcher's error message, if it ended with one."""
-    rendezvous_timeout: bool
-    """The last ft_launcher's error was a rendezvous that did not complete within join_timeout."""
-    world_nodes: int | None
-    """Nodes in the last completed rendezvous round, if one completed."""
+    @property
+    def signum(self) -> int | None:
+        """The forwarded signal that stopped the run, if one did."""
+
+    @property
+    def escalated(self) -> str | None:
+        """Why the run is a loop without progress, if it is."""
+
+    @property
+    def failures(self) -> Sequence[WorkerFailed]:
+        """Worker failures on this node, first failure first."""
+
+    @property
+    def restarts(self) -> int:
+        """In-job restarts so far."""
+
+    @property
+    def launcher_error(self) -> str | None:
+        """The last ft_launcher's error message, if it ended with one."""
+
+    @property
+    def rendezvous_timeout(self) -> bool:
+        """The last ft_launcher's error was a rendezvous that did not complete within join_timeout."""
+
+    @property
+    def world_nodes(self) -> int | None:
+        """Nodes in the last completed rendezvous round, if one completed."""
 
 
 def seconds(value: float) -> str:
@@ -126,12 +144,13 @@ def _decide(
         cause = _rendezvous_timeout(seen, policy, identity, endpoint, where)
         return Outcome(int(ExitCode.RENDEZVOUS), cause + earlier)
     budget = policy.restart.in_job.max_restarts
-    if first:
+    root = _root_failure(seen)
+    if root is not None:
         cause = (
             f"workers failed; {seen.restarts}/{budget} in-job restarts used. Root cause "
             f"(first failure): {first}; {len(seen.failures)} worker failure(s) in all"
         )
-        if seen.failures[0]["signal"] == "SIGKILL" and not seen.failures[0].get("hang"):
+        if root.signal == "SIGKILL" and not root.hang:
             cause += (
                 ". SIGKILL often means the OOM killer: look for OOMKilled in "
                 f"`kubectl describe pod {identity.hostname}`"
@@ -143,15 +162,29 @@ def _decide(
     return Outcome(int(ExitCode.FAILED), cause)
 
 
+def _root_failure(seen: Observed) -> WorkerFailed | None:
+    """The run's first worker failure, leaving out workers that had been told to stop (when
+    every failed worker had, the first of them)."""
+    for failure in seen.failures:
+        if not failure.stopped:
+            return failure
+    return seen.failures[0] if seen.failures else None
+
+
 def _first_failure(seen: Observed, where: str) -> str:
-    """The first worker failure of the run in words ("" when no worker failed)."""
-    if not seen.failures:
+    """The root failure (``_root_failure``) in words ("" when no worker failed)."""
+    first = _root_failure(seen)
+    if first is None:
         return ""
-    first = seen.failures[0]
-    how = f"killed by {first['signal']}" if first["signal"] else f"exit code {first['exit_code']}"
-    if first.get("hang"):
+    how = f"killed by {first.signal}" if first.signal else f"exit code {first.exit_code}"
+    if first.hang:
         how += " after its heartbeats stopped (hang detected by the rank monitor)"
-    return f"local rank {first['local_rank']} on {where}, {how} (pid {first['worker_pid']})"
+    if first.gave_up:
+        how += f" after its in-process restart gave up ({first.gave_up})"
+    if first.stopped:
+        how += " after it was told to stop"
+    rank = f" (global rank {first.rank})" if first.rank not in (None, first.local_rank) else ""
+    return f"local rank {first.local_rank}{rank} on {where}, {how} (pid {first.worker_pid})"
 
 
 def _rendezvous_timeout(seen: Observed, policy: Policy, identity: Identity, endpoint: str, where: str) -> str:
@@ -183,7 +216,7 @@ def termination_log_path() -> tuple[Path, bool]:
     return (Path(custom), True) if custom else (TERMINATION_LOG, False)
 
 
-def write_termination_log(text: str, report: Callable[[str, dict[str, Any]], None]) -> None:
+def write_termination_log(text: str, report: Reporter) -> None:
     """Write the root cause for Kubernetes; a named file that cannot be written is reported."""
     path, always = termination_log_path()
     if not (always or path.exists()):
@@ -192,7 +225,5 @@ def write_termination_log(text: str, report: Callable[[str, dict[str, Any]], Non
         path.write_text(text + "\n", encoding="utf-8")
     except OSError as exc:
         if always:
-            report(
-                "termination_log_error",
-                {"path": str(path), "error": exc.strerror or str(exc), "variable": TERMINATION_LOG_VAR},
-            )
+            error = exc.strerror or str(exc)
+            report(TerminationLogError(path=str(path), error=error, variable=TERMINATION_LOG_VAR))

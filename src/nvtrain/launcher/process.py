@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import psutil
 
@@ -113,6 +113,12 @@ class Child:
 
     def poll(self) -> int | None:
         return self._ended(self.popen.poll())
+
+    def lines(self) -> Iterator[str]:
+        """The child's output (stdout and stderr), line by line, until it closes (``capture``)."""
+        stream = self.popen.stdout
+        assert stream is not None, "started without capture"
+        return iter(stream)
 
     def wait(self, timeout: float | None = None) -> int | None:
         try:

@@ -1,6 +1,7 @@
 """``nvtrain report``: goodput, recoveries, rollbacks and checkpoints of a run, from its events log.
 
-``model`` computes (pure: event dicts in, dataclasses out), ``timeline`` draws the PNG
+``model`` computes (pure: what ``nvtrain.runlog.RunLog`` works out from the typed events in,
+dataclasses out), ``report_dict`` turns a report into JSON data, ``timeline`` draws the PNG
 (matplotlib, the ``report`` extra, imported only when drawing), ``read_report`` reads a run
 directory or its ``events.jsonl``.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nvtrain.report._json import report_dict
 from nvtrain.report.model import (
     INFRASTRUCTURE_GOODPUT,
     PHASES,
@@ -24,6 +26,7 @@ from nvtrain.report.model import (
     build_report,
 )
 from nvtrain.report.timeline import TIMELINE_FILE, write_timeline
+from nvtrain.runlog import RunLog, read_log
 
 __all__ = [
     "INFRASTRUCTURE_GOODPUT",
@@ -40,6 +43,7 @@ __all__ = [
     "TimeSplit",
     "build_report",
     "read_report",
+    "report_dict",
     "write_timeline",
 ]
 
@@ -48,7 +52,5 @@ def read_report(path: Path) -> Report:
     """The report of the events log at ``path`` (a run directory or its ``events.jsonl``);
     ``UsageError`` (exit 2) naming the file when it is missing, unreadable or holds no valid
     event. Lines that are not valid events are skipped and counted (``Report.skipped_lines``)."""
-    from nvtrain.tuning.measured import read_log
-
-    target, events = read_log(path, "RUN_DIR")  # valid events only, each with a time stamp
-    return build_report(events, str(target), skipped=events.skipped)
+    target, events = read_log(path, "RUN_DIR")
+    return build_report(RunLog(events), str(target))

@@ -1,12 +1,20 @@
 """The report as JSON-ready data (``nvtrain report --json``). Times are seconds; ``*_s`` keys
-and ``t_s`` (seconds since the job's first event) say so in their names."""
+and ``t_s`` (seconds since the job's first event) say so in their names.
+
+Reads ``model``'s dataclasses; ``model`` knows nothing of this module."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from nvtrain.report.model import Incident, Report, Stats
+from nvtrain.report.model import (
+    INFRASTRUCTURE_GOODPUT,
+    TOTAL_JOB_TIME,
+    TRAINING_GOODPUT,
+    Incident,
+    Report,
+    Stats,
+)
 
 __all__ = ["SCHEMA_VERSION", "report_dict"]
 
@@ -53,10 +61,9 @@ def _incident(i: Incident) -> dict[str, Any]:
     }
 
 
-def report_dict(report: Report) -> dict[str, Any]:
-    """Every figure of ``report``; keys are stable (``schema`` is bumped when one changes)."""
-    from nvtrain.report.model import INFRASTRUCTURE_GOODPUT, TOTAL_JOB_TIME, TRAINING_GOODPUT
-
+def report_dict(report: Report, timeline: str | None = None) -> dict[str, Any]:
+    """Every figure of ``report``, and the path of its PNG ``timeline`` when one was written;
+    keys are stable (``schema`` is bumped when one changes)."""
     split = report.time
     ckpt = report.checkpoints
     blocked_total = ckpt.blocked.total if ckpt.blocked else 0.0
@@ -142,4 +149,5 @@ def report_dict(report: Report) -> dict[str, Any]:
         ],
         "notes": list(report.notes),
         "skipped_lines": report.skipped_lines,
+        "timeline": timeline,
     }

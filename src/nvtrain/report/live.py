@@ -18,8 +18,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from nvtrain.events import Events, EventTail
+from nvtrain.events import EventTail
+from nvtrain.events.records import Event
 from nvtrain.report.model import Report, Stats, build_report
+from nvtrain.runlog import RunLog
 
 if TYPE_CHECKING:
     from nvtrain.config.schema import Metrics
@@ -192,13 +194,14 @@ class LiveFigures:
 
     ``update`` reads what was appended and rebuilds the report (one thread calls it, see
     ``serve``); ``report`` and ``families`` return the newest build at once, so a scrape never
-    waits for a rebuild. The events are kept in memory with their keys and short strings
-    interned (about a third of the memory of plain parsed JSON).
+    waits for a rebuild. The events are kept in memory as typed records (``__slots__``, short
+    strings interned by the reader), and the report is built from them as ``nvtrain report``
+    builds it (``nvtrain.runlog.RunLog``).
     """
 
     def __init__(self, events: Path, refresh: float, *, clock: Callable[[], float] = time.time) -> None:
         self._tail = EventTail(events)
-        self._events = Events()  # every one valid: the reader checked them
+        self._events: list[Event] = []  # every one valid: the reader checked them
         self._refresh = refresh
         self._clock = clock
         self._report: Report | None = None
@@ -210,9 +213,9 @@ class LiveFigures:
         new = self._tail.poll()
         if not new:
             return False
-        self._events.extend(new)  # keys and short strings already interned by the reader
+        self._events.extend(new)
         start = time.perf_counter()
-        report = build_report(self._events, self._source, skipped=self._tail.skipped)
+        report = build_report(RunLog(self._events, skipped=self._tail.skipped), self._source)
         self._build_s = time.perf_counter() - start
         self._report = report  # one reference assignment: readers see the old or the new one
         return True

@@ -1,7 +1,8 @@
 """What ``nvtrain report`` computes from a run's events log: pure functions, dataclasses out.
 
-No I/O and no rendering here: ``build_report(events, source)`` takes the events as
-``read_events`` returns them and never raises. The definitions (docs/report.md says more):
+No I/O, no rendering and no reading of events here: ``build_report(log, source)`` takes what
+``nvtrain.runlog.RunLog`` works out from a run's typed events and never raises. The definitions
+(docs/report.md says more):
 
 * **Total job time**: the first event of the run to its last, every node's events together.
 * **Training goodput**: the time spent on the steps that were kept (every step up to the final
@@ -13,9 +14,9 @@ No I/O and no rendering here: ``build_report(events, source)`` takes the events 
   An attempt is up from its first completed step until the next fault, or until the workers'
   last event when the run ends. Start-up, every recovery (detection, teardown, rendezvous, new
   processes, restore) and the final shut-down are not up.
-* **Incidents**: faults and restarts grouped by the first completed step that follows them (the
-  grouping of ``nvtrain.tuning.measured``), each with its phases, restarts, rollback distance and
-  the checkpoint freshness at the fault.
+* **Incidents**: faults and restarts grouped by the first completed step that follows them
+  (``RunLog.recoveries``, which ``tune-interval --from-run`` measures too), each with its
+  phases, restarts, rollback distance and the checkpoint freshness at the fault.
 """
 
 from __future__ import annotations
@@ -25,35 +26,9 @@ import dataclasses
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Any
 
-from nvtrain.report._events import (
-    as_float,
-    as_int,
-    cause_of,
-    commit_times,
-    count_ranks,
-    exit_code_of,
-    is_fault,
-    is_restart,
-    last_worker_ts,
-    latest,
-    repeated_starts,
-    restart_layers,
-    resume_step,
-    split_at,
-    step_marks,
-    ts,
-)
-from nvtrain.report._json import report_dict
-from nvtrain.tuning.measured import (
-    Recovery,
-    RecoveryGroup,
-    recovery_groups,
-    recovery_list,
-    step_times,
-    time_ordered,
-)
+from nvtrain.events.records import Event
+from nvtrain.runlog import Recovery, RunLog
 
 __all__ = [
     "INFRASTRUCTURE_GOODPUT",
@@ -261,47 +236,39 @@ class Report:
     skipped_lines: int = 0
     """Lines of the log that were skipped as not valid events (``nvtrain.events.parse_event``)."""
 
-    def to_dict(self, timeline: str | None = None) -> dict[str, Any]:
-        """The report as JSON-ready data (``nvtrain report --json``), with the path of the PNG
-        timeline when one was written."""
-        return {**report_dict(self), "timeline": timeline}
-
 
 # -- building ---------------------------------------------------------------------------------
 
 
-def build_report(events: Sequence[dict[str, Any]], source: str, *, skipped: int = 0) -> Report:
-    """The report of ``events`` (as ``read_events`` returns them; ``skipped`` lines of the log
-    were not valid events); never raises. Linear in the events (after sorting them by time):
-    nothing here scans all events, or all commits, once per incident."""
-    ordered = time_ordered(events)
-    t0 = float(ordered[0]["ts"]) if ordered else 0.0
-    total = float(ordered[-1]["ts"]) - t0 if ordered else 0.0
-    repeats = repeated_starts(ordered)
-    groups = recovery_groups(ordered, lambda e: is_fault(e) or is_restart(e, repeats))
-    recovered = [g for g in groups if g.first_step is not None]
-    unrecovered = next((g for g in groups if g.first_step is None), None)
-    bounds = [float(ordered[g.first_step]["ts"]) for g in recovered if g.first_step is not None]
-    parts = split_at(ordered, bounds)
-    commits = _Commits(commit_times(ordered, bounds, t0))
-    last_worker = last_worker_ts(ordered)
+def build_report(events: RunLog | Iterable[Event], source: str, *, skipped: int | None = None) -> Report:
+    """The report of ``events`` (a ``RunLog``, or records as ``read_events`` returns them;
+    ``skipped`` lines of the log were not valid events, ``Events.skipped`` when not given);
+    never raises. Linear in the events (after sorting them by time): nothing here scans all
+    events, or all commits, once per incident."""
+    log = events if isinstance(events, RunLog) else RunLog(events)
+    skipped = log.skipped if skipped is None else skipped
+    t0, total = log.t0, log.total
+    everything = log.recoveries
+    recovered = [r for r in everything if r.end is not None]
+    unrecovered = next((r for r in everything if r.end is None), None)
+    commits = _Commits([(t - t0, step) for t, step in log.commits])
+    last_worker = log.last_worker_ts
 
-    # Each part is one stretch of training: its logged steps, and the time per step between them.
-    marked = [step_marks(part) for part in parts]
-    resumed = [resume_step(part) for part in parts]
-    measured = [per for _, intervals in marked for _, _, per in intervals]
-    default = statistics.median(measured) if measured else _logged_step_s(ordered)
-    ends = [float(ordered[g.triggers[0]]["ts"]) for g in recovered]
-    ends.append(float(ordered[unrecovered.triggers[0]]["ts"]) if unrecovered else last_worker)
+    # Each stretch of training: its logged steps, and the time per step between them.
+    stretches = log.stretches
+    measured = [per for s in stretches for _, _, per in s.intervals]
+    default = statistics.median(measured) if measured else _logged_step_s(log)
+    ends = [r.start for r in recovered]
+    ends.append(unrecovered.start if unrecovered else last_worker)
     segments: list[Segment] = []
-    for k, (points, intervals) in enumerate(marked):
-        r = resumed[k]
+    for k, stretch in enumerate(stretches):
+        r, points, intervals = stretch.resumed, stretch.points, list(stretch.intervals)
         last = max([r, *(step for _, step in points)])
         own = [per for _, _, per in intervals]
         estimate = statistics.median(own) if own else default
         first = [(r, points[0][1], estimate)] if points and points[0][1] > r else []
         # The first completed step; a stretch whose only mark is an injected fault starts there.
-        started = min((ts(e) for e in parts[k] if e.get("event") == "step"), default=None)
+        started = stretch.first_step
         if started is None and points:
             started = min(t for t, _ in points)
         segments.append(
@@ -318,16 +285,14 @@ def build_report(events: Sequence[dict[str, Any]], source: str, *, skipped: int 
 
     # Where each recovery went back to: the step the next stretch resumed after; for a fault the
     # run did not recover from, the restore it logged, else the newest committed checkpoint.
-    back_to = resumed[1:]
+    back_to = [s.resumed for s in stretches[1:]]
     if unrecovered is not None:
-        restored = latest(ordered[unrecovered.triggers[0] :], "checkpoint_restored")
-        point = as_int(restored.get("step")) if restored else None
+        point = unrecovered.restored_step
         back_to.append(point if point is not None else commits.newest(segments[-1], ends[-1] - t0)[0])
-    groups_in_order = [*recovered, *([unrecovered] if unrecovered else [])]
-    recoveries = recovery_list(ordered, groups_in_order)
+    in_order = [*recovered, *([unrecovered] if unrecovered else [])]
     incidents = [
-        _incident(ordered, group, i + 1, segments[i], back_to[i], commits, t0, repeats, recoveries[i])
-        for i, group in enumerate(groups_in_order)
+        _incident(recovery, i + 1, segments[i], back_to[i], commits, t0)
+        for i, recovery in enumerate(in_order)
     ]
     # A step is kept unless a later recovery went back before it (the lowest of back_to[k:]).
     lowest: int | None = None
@@ -356,11 +321,11 @@ def build_report(events: Sequence[dict[str, Any]], source: str, *, skipped: int 
 
     return Report(
         source=source,
-        run_id=next((str(e["run_id"]) for e in ordered if e.get("run_id") is not None), None),
+        run_id=log.run_id,
         start_ts=t0,
-        nodes=len({e.get("node") for e in ordered if e.get("event") == "launcher_start"}) or 1,
-        ranks=count_ranks(ordered),
-        exit_code=exit_code_of(ordered),
+        nodes=log.nodes,
+        ranks=log.ranks,
+        exit_code=log.exit_code,
         time=split,
         training_goodput=share(kept_s),
         infrastructure_goodput=share(split.up),
@@ -382,9 +347,9 @@ def build_report(events: Sequence[dict[str, Any]], source: str, *, skipped: int 
         freshness_steps=Stats.of(i.freshness_steps for i in incidents if i.freshness_steps is not None),
         freshness_s=Stats.of(i.freshness_s for i in incidents if i.freshness_s is not None),
         freshness=_freshness_series(segments, commits),
-        checkpoints=_checkpoints(ordered, bounds, commits.commits, t0),
+        checkpoints=_checkpoints(log, commits.commits),
         segments=tuple(segments),
-        notes=_notes(ordered, segments, incidents, has_steps, skipped),
+        notes=_notes(log, segments, incidents, has_steps, skipped),
         skipped_lines=skipped,
     )
 
@@ -392,10 +357,10 @@ def build_report(events: Sequence[dict[str, Any]], source: str, *, skipped: int 
 # -- parts -------------------------------------------------------------------------------------
 
 
-def _logged_step_s(ordered: Sequence[dict[str, Any]]) -> float:
+def _logged_step_s(log: RunLog) -> float:
     """The median ``step_s`` logged (as ``tune-interval`` measures it), for stretches too short
     to time steps from their time stamps; 0 when none was logged."""
-    logged = step_times(ordered)
+    logged = log.step_times
     return float(statistics.median(max(v, 1e-6) for v in logged)) if logged else 0.0
 
 
@@ -422,69 +387,52 @@ class _Commits:
 
 
 def _incident(
-    events: Sequence[dict[str, Any]],
-    group: RecoveryGroup,
-    index: int,
-    seg: Segment,
-    back_to: int | None,
-    commits: _Commits,
-    t0: float,
-    repeats: set[int],
-    recovery: Recovery | None,
+    recovery: Recovery, index: int, seg: Segment, back_to: int, commits: _Commits, t0: float
 ) -> Incident:
-    end = group.first_step
-    window = events[group.triggers[0] : len(events) if end is None else end]
-    start = ts(window[0])
-    restarts = restart_layers(window, repeats)
+    start, end = recovery.start, recovery.end
+    restarts = recovery.restarts
     if restarts:
         layer = restarts[-1]
     else:
-        layer = recovery.layer if recovery is not None else "none"
-    fault_logged = any(is_fault(e) for e in window)
-    detected = next((e for e in window if is_restart(e, repeats)), None) or next(
-        (e for e in window[1:] if e.get("event") in ("worker_failed", "hang_detected")), None
-    )
-    restored = latest(window, "checkpoint_restored")
+        layer = recovery.layer if end is not None else "none"
     # Each phase ends at one event; detection is measured only from a logged fault.
     milestones = {
-        "detection": detected if is_fault(window[0]) else None,
-        "teardown": latest(window, "restart_end"),
-        "rendezvous": latest(window, "rendezvous_done"),
-        "start": latest(window, "attempt_start"),
-        "restore": restored,
-        "first_step": events[end] if end is not None else None,
+        "detection": recovery.detected,
+        "teardown": recovery.torn_down,
+        "rendezvous": recovery.rendezvous,
+        "start": recovery.attempt,
+        "restore": recovery.restored,
+        "first_step": end,
     }
     phases: dict[str, float | None] = {}
     previous = start
-    for name, event in milestones.items():
-        if event is None or ts(event) < previous:
+    for name, at in milestones.items():
+        if at is None or at < previous:
             phases[name] = None
             continue
-        phases[name] = ts(event) - previous
-        previous = ts(event)
+        phases[name] = at - previous
+        previous = at
     has_steps = bool(seg.points) or seg.restored_step > 0
     last = seg.last_step if has_steps else None
-    restored_step = as_int(restored.get("step")) if restored else None
+    restored_step = recovery.restored_step
     if restored_step is None and end is not None:
         restored_step = back_to
     fresh_step, fresh_t = commits.newest(seg, start - t0)
-    rollback = None if last is None or back_to is None else max(0, last - back_to)
-    lost = (
-        None if rollback is None or back_to is None else seg.work(max(seg.restored_step, back_to), last or 0)
-    )
+    rollback = None if last is None else max(0, last - back_to)
+    lost = None if last is None else seg.work(max(seg.restored_step, back_to), last)
     return Incident(
         index=index,
         layer=layer,
-        cause=cause_of(window, repeats),
+        cause=recovery.cause,
         start_t=start - t0,
-        end_t=None if end is None else ts(events[end]) - t0,
-        fault_logged=fault_logged,
+        end_t=None if end is None else end - t0,
+        fault_logged=recovery.fault_logged,
         phases=phases,
         restarts=dict(Counter(restarts)),
         failed_attempts=max(0, len(restarts) - 1) if end is not None else len(restarts),
         last_step=last,
         restored_step=restored_step,
-        restore_source=_restore_origin(restored),
+        restore_source=recovery.restored_from,
         rollback_steps=rollback,
         lost_s=lost,
         freshness_steps=None if last is None else last - fresh_step,
@@ -557,58 +505,26 @@ def _step_at(points: Sequence[tuple[float, int]], times: Sequence[float], t: flo
     return sa + (sb - sa) * (t - ta) / (tb - ta) if tb > ta else float(sb)
 
 
-def _checkpoints(
-    events: Sequence[dict[str, Any]], bounds: Sequence[float], commits: Sequence[tuple[float, int]], t0: float
-) -> Checkpoints:
-    blocked: dict[tuple[int, int], float] = {}
-    waited: dict[tuple[int, int], float] = {}
-    written: dict[tuple[int, int], float] = {}
-    sync: set[tuple[int, int]] = set()
-    failed: set[tuple[int, int]] = set()
-    partial: set[object] = set()
-    corrupt: set[object] = set()
-    settled: dict[tuple[int, int], tuple[float, bool]] = {}
-    for e in events:
-        name, step = e.get("event"), as_int(e.get("step"))
-        key = (bisect.bisect_right(bounds, ts(e)), step if step is not None else -1)
-        if name == "checkpoint_staged":
-            blocked[key] = max(blocked.get(key, 0.0), as_float(e.get("blocked_s")) or 0.0)
-            if e.get("async") is False:
-                sync.add(key)
-        elif name == "checkpoint_begin":
-            waited[key] = max(waited.get(key, 0.0), as_float(e.get("waited_for_previous_s")) or 0.0)
-        elif name == "checkpoint_committed" and (v := as_float(e.get("write_s"))) is not None:
-            written[key] = max(written.get(key, 0.0), v)
-        elif name == "checkpoint_failed":
-            failed.add(key)
-        elif name == "checkpoint_partial":
-            partial.add(e.get("path", step))
-        elif name in ("checkpoint_corrupt", "checkpoint_rejected"):  # one folder counts once
-            corrupt.add(e.get("path", step))
-        elif name == "checkpoint_settled":
-            before = settled.get(key, (0.0, True))
-            settled[key] = (
-                max(before[0], as_float(e.get("waited_s")) or 0.0),
-                before[1] and e.get("finished") is True,
-            )
+def _checkpoints(log: RunLog, commits: Sequence[tuple[float, int]]) -> Checkpoints:
+    saves = log.saves
     return Checkpoints(
-        saves=len(set(blocked) | set(waited)),
+        saves=saves.count,
         committed=len(commits),
-        partial=len(partial),
-        corrupt=len(corrupt),
-        failed=len(failed),
-        blocked=Stats.of(blocked.values()),
-        waited=Stats.of(w for w in waited.values() if w > 0.01),
-        background=Stats.of(v for k, v in written.items() if k not in sync),
-        finished_at_faults=sum(1 for _, ok in settled.values() if ok),
-        dropped_at_faults=sum(1 for _, ok in settled.values() if not ok),
-        settle_waited=Stats.of(w for w, _ in settled.values()),
+        partial=saves.partial,
+        corrupt=saves.corrupt,
+        failed=saves.failed,
+        blocked=Stats.of(saves.blocked),
+        waited=Stats.of(saves.waited),
+        background=Stats.of(saves.background),
+        finished_at_faults=sum(1 for _, ok in saves.settled if ok),
+        dropped_at_faults=sum(1 for _, ok in saves.settled if not ok),
+        settle_waited=Stats.of(w for w, _ in saves.settled),
         commits=tuple(commits),
     )
 
 
 def _notes(
-    events: Sequence[dict[str, Any]],
+    log: RunLog,
     segments: Sequence[Segment],
     incidents: Sequence[Incident],
     has_steps: bool,
@@ -626,7 +542,7 @@ def _notes(
             "no `step` events: the script does not use nvtrain's worker library, so goodput, "
             "rollback and freshness cannot be computed"
         )
-    if not any(e.get("event") == "launcher_exit" for e in events):
+    if not log.ended:
         notes.append(
             "no launcher_exit: the run is still going, or its launcher was killed; "
             "the job time ends at the last event"
@@ -643,11 +559,3 @@ def _notes(
                 "(the run ended, or is still recovering)"
             )
     return tuple(notes)
-
-
-def _restore_origin(restored: dict[str, Any] | None) -> str | None:
-    """ "memory" or "storage" (logs before the field was named ``origin`` called it ``source``)."""
-    if not restored:
-        return None
-    origin = restored.get("origin") or restored.get("source")
-    return str(origin) if origin in ("memory", "storage") else None

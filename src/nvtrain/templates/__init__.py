@@ -1,14 +1,1 @@
-"""Files nvtrain ships: the built-in demo policy (later: starter files and Kubernetes manifests)."""
-
-from __future__ import annotations
-
-from importlib import resources
-
-__all__ = ["DEMO_POLICY_SOURCE", "demo_policy_text"]
-
-DEMO_POLICY_SOURCE = "<built-in demo policy>"
-
-
-def demo_policy_text() -> str:
-    """The TOML of the built-in CPU demo job (used when no policy file is given)."""
-    return resources.files(__package__).joinpath("demo.toml").read_text(encoding="utf-8")
+"""Files nvtrain ships for users to start from: starter scripts, policies and Kubernetes manifests."""

@@ -22,9 +22,9 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from nvtrain.config.duration import format_duration, is_duration_field
-from nvtrain.config.findings import toml_value
 from nvtrain.config.schema import Fault, Policy, table_model
 from nvtrain.errors import UsageError
+from nvtrain.findings import toml_value
 
 __all__ = ["STARTER_FILES", "init_project", "starter_policy", "starter_text"]
 

@@ -26,9 +26,9 @@ import yaml
 
 from nvtrain.config.checks import MARGIN
 from nvtrain.config.duration import format_duration
-from nvtrain.config.findings import Finding, Severity, toml_value
 from nvtrain.config.load import read_source
 from nvtrain.config.schema import Policy
+from nvtrain.findings import Finding, Severity, toml_value
 from nvtrain.launcher.dns import control_name
 from nvtrain.templates.manifest import (
     CONTROL_CONTAINER,
@@ -41,8 +41,8 @@ from nvtrain.templates.manifest import (
 )
 
 if TYPE_CHECKING:
+    from nvtrain.config.timings import Timings
     from nvtrain.config.validation import Validation
-    from nvtrain.tuning.timings import Timings
 
 __all__ = ["KUBERNETES_DEFAULT_GRACE", "check_manifest", "with_manifest"]
 
@@ -600,28 +600,23 @@ def _kinds(docs: Sequence[_Doc]) -> str:
 
 
 def with_manifest(
-    result: Validation, manifest: Path, policy: Path | None, timings: Path | None
+    result: Validation, manifest: Path, policy: Path | None, timings: Timings | None
 ) -> Validation:
     """``result`` (the validation of ``policy``) with the findings of ``check_manifest`` after
     its own. Timings problems are already in ``result``; an invalid policy is left out of the
     comparison."""
-    from nvtrain.templates import demo_policy_text
+    from nvtrain.config.demo import demo_policy_text
 
     usable = result.policy if result.ok else None
     text: str | None = None
     if usable is not None:
         raw = demo_policy_text().encode("utf-8") if policy is None else read_source(policy)[0]
         text = raw.decode("utf-8", errors="replace") if raw is not None else None
-    measured = None
-    if timings is not None:
-        from nvtrain.config.validation import read_timings_or_log
-
-        measured = read_timings_or_log(timings)[0]
     found = check_manifest(
         manifest,
         usable,
         policy_text=text,
         policy_source=str(policy) if policy is not None else "POLICY",
-        timings=measured,
+        timings=timings,
     )
     return dataclasses.replace(result, findings=[*result.findings, *found])

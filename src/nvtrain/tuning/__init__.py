@@ -5,11 +5,11 @@
 ``tune_interval``, the one call behind ``nvtrain tune-interval``.
 """
 
+from nvtrain.config.timings import Measure, Timings, read_timings
 from nvtrain.tuning.advise import Request, Tuned, tune_interval
 from nvtrain.tuning.apply import Applied, apply_interval
 from nvtrain.tuning.interval import Inputs, Outcome, Recommendation, Report, daly, efficiency, tune, young
 from nvtrain.tuning.measured import Measured, read_measured
-from nvtrain.tuning.timings import Measure, Timings, read_timings
 
 __all__ = [
     "Applied",

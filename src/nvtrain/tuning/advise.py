@@ -14,6 +14,7 @@ from typing import Any
 
 from nvtrain.config.duration import DURATION_HINT, parse_duration
 from nvtrain.config.schema import Policy
+from nvtrain.config.timings import Measure
 from nvtrain.errors import UsageError
 from nvtrain.tuning.apply import Applied, apply_interval
 from nvtrain.tuning.interval import (
@@ -27,7 +28,6 @@ from nvtrain.tuning.interval import (
     tune,
 )
 from nvtrain.tuning.measured import Layer, Measured, read_measured
-from nvtrain.tuning.timings import Measure
 
 __all__ = ["Request", "Tuned", "tune_interval"]
 

@@ -62,7 +62,19 @@ from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_asyn
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from nvtrain.config.schema import Checkpoint as CheckpointPolicy
-from nvtrain.events import EventLog
+from nvtrain.events import Event, EventLog
+from nvtrain.events.records import (
+    CheckpointAlreadyCommitted,
+    CheckpointBegin,
+    CheckpointCommitted,
+    CheckpointCorrupt,
+    CheckpointFailed,
+    CheckpointPartial,
+    CheckpointRejected,
+    CheckpointRestored,
+    CheckpointSettled,
+    CheckpointStaged,
+)
 from nvtrain.worker.settings import say
 
 __all__ = ["Checkpointer", "CorruptCheckpoint", "committed_steps"]
@@ -359,9 +371,9 @@ class Checkpointer:
         """Saves dropped in a row (storage errors); 0 after a commit."""
 
     # -- helpers ---------------------------------------------------------------------------
-    def _emit(self, event: str, **fields: Any) -> None:
+    def _emit(self, event: Event) -> None:
         if self.events is not None:
-            self.events.emit(event, rank=self.rank, **fields)
+            self.events.emit(dataclasses.replace(event, rank=self.rank))
 
     @contextlib.contextmanager
     def _paused(self) -> Iterator[None]:
@@ -415,7 +427,7 @@ class Checkpointer:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             failed = exc
-        self._emit("checkpoint_begin", step=step, waited_for_previous_s=round(waited, 6))
+        self._emit(CheckpointBegin(step=step, waited_for_previous_s=round(waited, 6)))
         _IN_MEMORY.pop(str(self.run_dir), None)  # the staging buffers are about to change
         state = self._state()
         nbytes = _nbytes(state)
@@ -444,12 +456,13 @@ class Checkpointer:
             held = _Held(step, self.stager.last_staged, extra_state) if self.stager else None
             save = _Save(step, folder, future, held, error=failed, io_errors=io_errors)
             self._emit(
-                "checkpoint_staged",
-                step=step,
-                blocked_s=round(staged - t0, 6),
-                stage_s=round(staged - t1, 6),
-                bytes=nbytes,
-                **{"async": True},
+                CheckpointStaged(
+                    step=step,
+                    blocked_s=round(staged - t0, 6),
+                    stage_s=round(staged - t1, 6),
+                    bytes=nbytes,
+                    is_async=True,
+                )
             )
             threading.Thread(
                 target=self._finish, args=(save,), daemon=True, name=f"nvtrain-ckpt-{step}"
@@ -471,13 +484,14 @@ class Checkpointer:
         self.wait()
         done = time.monotonic()
         self._emit(
-            "checkpoint_staged",
-            step=step,
-            blocked_s=round(done - t0, 6),
-            stage_s=round(t1 - t0, 6),
-            write_s=round(done - save.started, 6),
-            bytes=nbytes,
-            **{"async": False},
+            CheckpointStaged(
+                step=step,
+                blocked_s=round(done - t0, 6),
+                stage_s=round(t1 - t0, 6),
+                write_s=round(done - save.started, 6),
+                bytes=nbytes,
+                is_async=False,
+            )
         )
 
     def _get_stager(self) -> Any:
@@ -564,13 +578,14 @@ class Checkpointer:
                 os.rename(save.folder, final)
                 _fsync_dir(self.run_dir)
         if kept:
-            self._emit("checkpoint_already_committed", step=save.step, path=str(final))
+            self._emit(CheckpointAlreadyCommitted(step=save.step, path=str(final)))
         else:
             self._emit(
-                "checkpoint_committed",
-                step=save.step,
-                write_s=round(time.monotonic() - save.started, 6),
-                bytes=sum(int(f["size"]) for f in files.values()),
+                CheckpointCommitted(
+                    step=save.step,
+                    write_s=round(time.monotonic() - save.started, 6),
+                    bytes=sum(int(f["size"]) for f in files.values()),
+                )
             )
         with contextlib.suppress(OSError):  # retention is tried again after the next commit
             self._retain(save.step)
@@ -584,9 +599,9 @@ class Checkpointer:
             _fsync_dir(folder.parent)
         except OSError as exc:  # a read-only volume: restore skips it all the same
             error = _os_error_text(exc)
-            self._emit("checkpoint_rejected", step=step, path=str(folder), problem=problem, error=error)
+            self._emit(CheckpointRejected(step=step, path=str(folder), problem=problem, error=error))
             return
-        self._emit("checkpoint_rejected", step=step, path=str(folder), moved_to=str(aside), problem=problem)
+        self._emit(CheckpointRejected(step=step, path=str(folder), moved_to=str(aside), problem=problem))
 
     def _retain(self, newest: int) -> None:
         """``newest`` was just committed (or verified) here: keep it and the ``keep - 1``
@@ -670,13 +685,14 @@ class Checkpointer:
         text, code, kind = failures[named]
         ranks = sorted(r for r, f in failures.items() if f[2] != "peer") or sorted(failures)
         self._emit(
-            "checkpoint_failed",
-            step=save.step,
-            error=text,
-            errno=code,
-            ranks=ranks,
-            path=str(save.folder),
-            failed_in_a_row=self.failed_in_a_row,
+            CheckpointFailed(
+                step=save.step,
+                error=text,
+                errno=code,
+                ranks=tuple(ranks),
+                path=str(save.folder),
+                failed_in_a_row=self.failed_in_a_row,
+            )
         )
         where = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
         newest = "none yet" if self.newest_committed is None else f"step {self.newest_committed}"
@@ -717,11 +733,9 @@ class Checkpointer:
         finally:
             save.settled.set()
         self._emit(
-            "checkpoint_settled",
-            step=save.step,
-            waited_s=round(time.monotonic() - t0, 6),
-            finished=finished,
-            limit_s=limit,
+            CheckpointSettled(
+                step=save.step, waited_s=round(time.monotonic() - t0, 6), finished=finished, limit_s=limit
+            )
         )
         return finished
 
@@ -774,7 +788,7 @@ class Checkpointer:
             for entry in sorted(self.run_dir.iterdir()):
                 match = _PARTIAL_DIR.match(entry.name)
                 if match and int(match.group(1)) > newest_committed:
-                    self._emit("checkpoint_partial", path=str(entry), step=int(match.group(1)))
+                    self._emit(CheckpointPartial(path=str(entry), step=int(match.group(1))))
         if self._restore_from_memory(newest_committed, t0):
             return newest_committed
         with self._paused():
@@ -783,18 +797,19 @@ class Checkpointer:
                 problem = self._verify(folder, step)
                 if not self._all_ok(problem):
                     problem = problem or "a file checked by another rank"
-                    self._emit("checkpoint_corrupt", step=step, path=str(folder), problem=problem)
+                    self._emit(CheckpointCorrupt(step=step, path=str(folder), problem=problem))
                     if self.rank == 0:  # every rank is done with it (the all-reduce above)
                         self._reject(folder, step, problem)
                     continue
                 self._load(folder)
                 self.last_saved = self.newest_committed = step
                 self._emit(
-                    "checkpoint_restored",
-                    step=step,
-                    origin="storage",
-                    seconds=round(time.monotonic() - t0, 6),
-                    bytes=self._state_bytes(),
+                    CheckpointRestored(
+                        step=step,
+                        origin="storage",
+                        seconds=round(time.monotonic() - t0, 6),
+                        bytes=self._state_bytes(),
+                    )
                 )
                 return step
         return 0
@@ -834,11 +849,9 @@ class Checkpointer:
         self._apply(restored, held.extra)
         self.last_saved = self.newest_committed = newest
         self._emit(
-            "checkpoint_restored",
-            step=newest,
-            origin="memory",
-            seconds=round(time.monotonic() - t0, 6),
-            bytes=_nbytes(live),
+            CheckpointRestored(
+                step=newest, origin="memory", seconds=round(time.monotonic() - t0, 6), bytes=_nbytes(live)
+            )
         )
         return True
 

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from nvtrain.config.schema import Policy
 from nvtrain.events import EventLog
+from nvtrain.events.records import ObjectReused, Step
 from nvtrain.worker.checkpoint import Checkpointer, committed_steps
 from nvtrain.worker.faults import FaultInjector
 from nvtrain.worker.heartbeat import Heartbeat
@@ -127,7 +128,7 @@ class Context:
         if kept is not None and kept[0] == shape and self._restorable():
             self._reused.append(key)
             if self.events is not None:
-                self.events.emit("object_reused", rank=self.rank, key=key, iteration=self.iteration)
+                self.events.emit(ObjectReused(rank=self.rank, key=key, iteration=self.iteration))
             return kept[1]  # type: ignore[no-any-return]
         value = build()
         _KEPT[slot] = (shape, value)
@@ -147,13 +148,14 @@ class Context:
         took = None if self._last_step_time is None else round(now - self._last_step_time, 6)
         if self.events is not None and (step % _STEP_SAMPLE == 0 or saving or first):
             self.events.emit(
-                "step",
-                step=step,
-                rank=self.rank,
-                step_s=took,
-                attempt=self.iteration,
-                restart_count=self.restart_count,
-                **metrics,
+                Step(
+                    step=step,
+                    rank=self.rank,
+                    step_s=took,
+                    attempt=self.iteration,
+                    restart_count=self.restart_count,
+                    extra=metrics,
+                )
             )
             self._last_logged = step
         self._last_step_time = now
@@ -188,14 +190,15 @@ class Context:
                 return
             step, wall, took = last
             self.events.emit(
-                "step",
-                ts=round(wall, 6),
-                step=step,
-                rank=self.rank,
-                step_s=took if took is not None else 0.0,
-                attempt=self.iteration,
-                restart_count=self.restart_count,
-                unsampled=True,
+                Step(
+                    ts=round(wall, 6),
+                    step=step,
+                    rank=self.rank,
+                    step_s=took if took is not None else 0.0,
+                    attempt=self.iteration,
+                    restart_count=self.restart_count,
+                    unsampled=True,
+                )
             )
             self._last_logged = step
 

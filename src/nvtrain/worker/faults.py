@@ -14,6 +14,7 @@ from pathlib import Path
 
 from nvtrain.config.schema import Fault
 from nvtrain.events import EventLog
+from nvtrain.events.records import FaultInjected
 
 __all__ = ["FaultInjector", "InjectedFault"]
 
@@ -47,7 +48,7 @@ class FaultInjector:
             if fault.step != step or fault.rank != rank or not self._claim(index):
                 continue
             if self.events is not None:
-                self.events.emit("fault_injected", step=step, rank=rank, kind=fault.kind)
+                self.events.emit(FaultInjected(step=step, rank=rank, kind=fault.kind))
             self._fire(fault.kind, step, rank)
 
     @staticmethod

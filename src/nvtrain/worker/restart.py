@@ -31,6 +31,15 @@ import torch.distributed as dist
 
 from nvtrain.config.schema import Policy
 from nvtrain.events import EventLog
+from nvtrain.events.records import (
+    AttemptStart,
+    RestartBegin,
+    RestartEnd,
+    WorkerGaveUp,
+    WorkerStart,
+    WorkerStopped,
+    WorkerThreadError,
+)
 from nvtrain.worker import stopping
 from nvtrain.worker.context import Context
 from nvtrain.worker.faults import FaultInjector
@@ -94,11 +103,9 @@ def _attempt(
     _Current.context = ctx
     if events is not None:
         events.emit(
-            "attempt_start",
-            rank=ctx.rank,
-            world=ctx.world_size,
-            iteration=iteration,
-            restart_count=ctx.restart_count,
+            AttemptStart(
+                rank=ctx.rank, world=ctx.world_size, iteration=iteration, restart_count=ctx.restart_count
+            )
         )
     try:
         result = main(ctx)
@@ -185,7 +192,7 @@ def run(main: Main) -> Any:
     heartbeat.start(startup_limit=policy.heartbeat.initial_timeout)
     if events is not None:
         events.emit(
-            "worker_start", rank=rank, restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+            WorkerStart(rank=rank, restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
         )
 
     def settle_for_stop(_signum: int) -> None:
@@ -196,11 +203,9 @@ def run(main: Main) -> Any:
     def stopped(signum: int, forced: bool, waited: float) -> None:
         if events is not None:
             events.emit(
-                "worker_stopped",
-                rank=rank,
-                signal=signal.Signals(signum).name,
-                forced=forced,
-                waited_s=round(waited, 3),
+                WorkerStopped(
+                    rank=rank, signal=signal.Signals(signum).name, forced=forced, waited_s=round(waited, 3)
+                )
             )
 
     stopping.install(on_stop=settle_for_stop, on_exit=stopped)
@@ -226,7 +231,7 @@ def run(main: Main) -> Any:
         # its attempts ran out): the in-job layer takes over. One line, not a traceback.
         if events is not None:
             with contextlib.suppress(Exception):
-                events.emit("worker_gave_up", rank=rank, reason=reason)
+                events.emit(WorkerGaveUp(rank=rank, reason=reason))
         print(
             f"nvtrain: rank {rank}: in-process restart gave up ({reason}); ft_launcher restarts the workers",
             file=sys.stderr,
@@ -275,10 +280,7 @@ def _report_helper_thread_errors(events: EventLog | None, rank: int) -> None:
         if events is not None:
             with contextlib.suppress(Exception):
                 events.emit(
-                    "worker_thread_error",
-                    rank=rank,
-                    thread=thread.name,
-                    error=repr(args.exc_value)[:300],
+                    WorkerThreadError(rank=rank, thread=thread.name, error=repr(args.exc_value)[:300])
                 )
 
     threading.excepthook = hook
@@ -309,12 +311,13 @@ def _run_in_process(
             if events is not None:
                 cause, detail = restart_cause(getattr(state, "fn_exception", None), interrupted)
                 events.emit(
-                    "restart_begin",
-                    layer="in_process",
-                    rank=int(os.environ["RANK"]),
-                    iteration=getattr(state, "iteration", None),
-                    cause=cause,
-                    detail=detail,
+                    RestartBegin(
+                        layer="in_process",
+                        rank=int(os.environ["RANK"]),
+                        iteration=getattr(state, "iteration", None),
+                        cause=cause,
+                        detail=detail,
+                    )
                 )
             interrupted.clear()
             return state
@@ -380,11 +383,12 @@ def _run_in_process(
         iteration = call_wrapper.iteration
         if iteration > 0 and events is not None:
             events.emit(
-                "restart_end",
-                layer="in_process",
-                rank=int(os.environ["RANK"]),
-                iteration=iteration,
-                ts_mono=time.monotonic(),
+                RestartEnd(
+                    layer="in_process",
+                    rank=int(os.environ["RANK"]),
+                    iteration=iteration,
+                    ts_mono=time.monotonic(),
+                )
             )
         store = dist.PrefixStore(  # type: ignore[attr-defined]
             f"nvtrain-attempt-{iteration}", base_store

@@ -13,10 +13,10 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from nvtrain.config.schema import Policy
-from nvtrain.events import EventLog
+from nvtrain.events import Event, EventLog
+from nvtrain.events.records import EventsLogError, EventsLogResumed
 
 __all__ = ["WorkerSettings", "load_settings", "say"]
 
@@ -29,16 +29,16 @@ def say(message: str) -> None:
         print(f"nvtrain worker rank {rank}: {message}", file=sys.stderr, flush=True)
 
 
-def _report_events_log(event: str, fields: dict[str, Any]) -> None:
+def _report_events_log(event: Event) -> None:
     """An ``EventLog`` problem in one line: a worker goes on training when its events log cannot
     be written (a full or read-only checkpoint volume); the events are dropped meanwhile."""
-    if event == "events_log_error":
+    if isinstance(event, EventsLogError):
         say(
-            f"cannot write the events log {fields['path']}: {fields['error']}; training goes on, "
+            f"cannot write the events log {event.path}: {event.error}; training goes on, "
             "its events are dropped until the log can be written again"
         )
-    elif event == "events_log_resumed":
-        say(f"the events log {fields['path']} is written again; {fields['dropped']} event(s) were dropped")
+    elif isinstance(event, EventsLogResumed):
+        say(f"the events log {event.path} is written again; {event.dropped} event(s) were dropped")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,10 +48,14 @@ class WorkerSettings:
     events_path: Path | None
     under_launcher: bool
     """True when an ft_launcher rank monitor is there to receive heartbeats."""
+    node: int | None = None
+    """This pod's node rank (``NVTRAIN_NODE_RANK``): its launcher tells its workers' events by it."""
 
     def events(self, **common: object) -> EventLog | None:
         if self.events_path is None:
             return None
+        if self.node is not None:
+            common.setdefault("node", self.node)
         log = EventLog(self.events_path, run_id=self.run_id, source="worker", **common)
         log.report = _report_events_log  # a failed write is reported once, never raised
         return log
@@ -78,4 +82,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> WorkerSettings:
         run_id=run_id,
         events_path=Path(events) if events else None,
         under_launcher=bool(env.get("FT_RANK_MONITOR_IPC_SOCKET")),
+        node=int(node) if (node := env.get("NVTRAIN_NODE_RANK", "")).isdigit() else None,
     )

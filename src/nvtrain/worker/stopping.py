@@ -26,7 +26,6 @@ Only the first signal counts: a second one must not interrupt the wait it starte
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -35,7 +34,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+
+from nvtrain.events import parse_event
+from nvtrain.events.records import SignalReceived
 
 __all__ = ["GRACE", "Stopped", "exit_now", "exit_with", "install", "pod_is_stopping", "requested"]
 
@@ -180,12 +181,11 @@ def pod_is_stopping(events_path: Path | None, since: float | None = None) -> boo
     except OSError:
         return False
     for raw in reversed(lines):
-        try:
-            event: dict[str, Any] = json.loads(raw)
-        except ValueError:
+        event = parse_event(raw)
+        if event is None:
             continue  # the first, cut line of the tail, or a torn one
-        if float(event.get("ts", 0.0)) < since:
+        if event.ts < since:
             return False
-        if event.get("event") == "signal" and event.get("source") == "launcher":
+        if isinstance(event, SignalReceived) and event.by_launcher:
             return True
     return False

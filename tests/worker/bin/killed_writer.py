@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from nvtrain.config.schema import Checkpoint
-from nvtrain.events import EventLog
+from nvtrain.events import Event, EventLog
+from nvtrain.events.records import CheckpointStaged
 from nvtrain.worker import Checkpointer
 
 WIDTH = 1024
@@ -70,9 +71,9 @@ class KillAfterStaged(EventLog):
         self.run_dir = run_dir
         self.out = out
 
-    def emit(self, event: str, **fields: Any) -> dict[str, Any]:
-        record = super().emit(event, **fields)
-        if event == "checkpoint_staged" and fields.get("step") == 20:
+    def emit(self, event: Event) -> dict[str, Any]:
+        record = super().emit(event)
+        if isinstance(event, CheckpointStaged) and event.step == 20:
             (partial,) = self.run_dir.glob("step-000020.partial-*")
             deadline = time.monotonic() + 60
             shard_bytes = 0
@@ -88,7 +89,7 @@ class KillAfterStaged(EventLog):
                     "partial": partial.name,
                     "files": files,
                     "shard_bytes": shard_bytes,
-                    "state_bytes": fields["bytes"],
+                    "state_bytes": event.bytes,
                 },
             )
             os.kill(os.getpid(), signal.SIGKILL)

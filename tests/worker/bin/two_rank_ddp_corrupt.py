@@ -76,7 +76,7 @@ def main() -> None:
         ).restore()
         restored.append({"step": step, "same": digest(fresh_model, fresh_optimizer) == saved.get(step)})
         dist.barrier()
-    corrupt = [e for e in read_events(run_dir / "events.jsonl") if e["event"] == "checkpoint_corrupt"]
+    corrupt = [e.as_dict() for e in read_events(run_dir / "events.jsonl") if e.name == "checkpoint_corrupt"]
     out.write_text(json.dumps({"rank": rank, "restored": restored, "corrupt": corrupt}))
     dist.destroy_process_group()
 

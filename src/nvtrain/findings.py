@@ -1,4 +1,5 @@
-"""A finding: one problem (or remark) about one key of one file, with the value, rule and fix."""
+"""A finding of ``validate`` or the manifest checks: one problem (or remark) about one key of
+one file, with the value, rule and fix."""
 
 from __future__ import annotations
 

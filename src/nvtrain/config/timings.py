@@ -20,8 +20,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nvtrain.config.duration import Duration
-from nvtrain.config.findings import Finding
 from nvtrain.config.load import Parsed, parse_model, read_source, too_complex, validate_data
+from nvtrain.findings import Finding
 
 __all__ = ["Measure", "Timings", "read_timings"]
 

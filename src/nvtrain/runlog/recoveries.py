@@ -1,0 +1,215 @@
+"""Recoveries: the faults and restarts before each first completed step of an attempt.
+
+The faults and restarts (``kinds.is_fault``, ``kinds.is_restart``) before a first completed
+step (a ``Step`` with no ``step_s``) form one ``Recovery``, from the earliest of them to that
+step; those that no step followed form a last one that did not recover. One pass over the
+events, and one over each recovery's own events.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Literal
+
+from nvtrain.events.records import (
+    AttemptStart,
+    CheckpointRestored,
+    Event,
+    FaultInjected,
+    HangDetected,
+    LauncherExit,
+    Relaunch,
+    RendezvousDone,
+    RestartBegin,
+    RestartEnd,
+    SignalReceived,
+    Step,
+    WorkerFailed,
+)
+from nvtrain.runlog.kinds import duration, is_fault, is_restart, restore_origin
+
+__all__ = ["Layer", "Recovery", "find_recoveries"]
+
+Layer = Literal["in_process", "in_job"]
+"""How the workers came back from a fault: in the same processes, or in new ones."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Recovery:
+    """One fault (or restart) and the recovery from it. Times are unix times."""
+
+    start: float
+    """The earliest fault or restart it answers."""
+    end: float | None
+    """The first completed step after it; None when none followed (the run ended, or is still
+    recovering)."""
+    layer: Layer
+    """``in_job`` when the workers came back in new processes (``restart_count`` rose, the
+    launcher saw a worker fail, restarted in job or was relaunched, or the pod was restarted),
+    else ``in_process``."""
+    restarts: tuple[str, ...]
+    """The layer of each restart (in_process, in_job, launcher, pod), once across ranks and
+    nodes, oldest first."""
+    cause: str
+    fault_logged: bool
+    """A fault (not only restarts) is among its events."""
+    step: int | None
+    """The step the fault fired at, when logged."""
+    restore_s: float
+    """Seconds of the slowest checkpoint load in it; 0 when none was loaded."""
+    detected: float | None
+    """Its first restart, else the launcher seeing a worker fail or hang; None unless it started
+    at a logged fault (detection is measured only from one)."""
+    torn_down: float | None
+    """The last ``restart_end`` (in-process)."""
+    rendezvous: float | None
+    """The last ``rendezvous_done`` (in-job)."""
+    attempt: float | None
+    """The last ``attempt_start``."""
+    restored: float | None
+    """The last ``checkpoint_restored``."""
+    restored_step: int | None
+    """Its step."""
+    restored_from: str | None
+    """Where it read from, ``storage`` or ``memory`` (``kinds.restore_origin``)."""
+
+    @property
+    def recovered(self) -> bool:
+        return self.end is not None
+
+    @property
+    def seconds(self) -> float | None:
+        """Fault to the first completed step (checkpoint load included); None when not recovered."""
+        return None if self.end is None else self.end - self.start
+
+
+def find_recoveries(events: Sequence[Event], pods: frozenset[int]) -> tuple[Recovery, ...]:
+    """Every recovery in ``events`` (oldest first; ``pods``: their ``kinds.pod_restarts``),
+    oldest first; only the last may be one that did not recover."""
+    groups: list[tuple[int, int | None]] = []  # (its first fault or restart, the first step after)
+    pending: int | None = None
+    for i, e in enumerate(events):
+        if pending is not None and isinstance(e, Step) and e.first_of_attempt:
+            groups.append((pending, i))  # a fault at this step belongs to a later one
+            pending = None
+        if pending is None and (is_fault(e) or is_restart(e, pods)):
+            pending = i
+    if pending is not None:
+        groups.append((pending, None))
+    out = []
+    highest: int | None = None  # the highest restart_count of the steps before a recovery
+    seen = 0
+    for start, end in groups:
+        for e in events[seen:start]:
+            if isinstance(e, Step) and e.restart_count is not None:
+                highest = e.restart_count if highest is None else max(highest, e.restart_count)
+        seen = max(seen, start)
+        window = events[start : len(events) if end is None else end]
+        out.append(_recovery(window, events[end] if end is not None else None, highest, pods))
+    return tuple(out)
+
+
+def _recovery(
+    window: Sequence[Event], step: Event | None, highest_before: int | None, pods: frozenset[int]
+) -> Recovery:
+    """The recovery made of ``window`` (its first fault or restart up to the first completed
+    ``step`` after it, when one followed)."""
+    restored: CheckpointRestored | None = None
+    torn_down = rendezvous = attempt = first_restart = first_failure = None
+    loads: list[float] = []
+    fault_step: int | None = None
+    new_processes = fault_logged = False
+    for k, e in enumerate(window):
+        if isinstance(e, CheckpointRestored):
+            restored = e
+            if (seconds := duration(e.seconds)) is not None:
+                loads.append(seconds)
+        elif isinstance(e, RestartEnd):
+            torn_down = e.ts
+        elif isinstance(e, RendezvousDone):
+            rendezvous = e.ts
+        elif isinstance(e, AttemptStart):
+            attempt = e.ts
+        if first_failure is None and k > 0 and isinstance(e, (WorkerFailed, HangDetected)):
+            first_failure = e.ts
+        fault, restart = is_fault(e), is_restart(e, pods)
+        if not (fault or restart):
+            continue
+        fault_logged = fault_logged or fault
+        if restart and first_restart is None:
+            first_restart = e.ts
+        if fault_step is None and isinstance(e, (FaultInjected, WorkerFailed)):
+            fault_step = e.step
+        new_processes = new_processes or (
+            isinstance(e, (WorkerFailed, Relaunch))
+            or (isinstance(e, RestartBegin) and not e.in_process)
+            or id(e) in pods
+        )
+    count = step.restart_count if isinstance(step, Step) else None
+    rose = count is not None and highest_before is not None and count > highest_before
+    detected = first_restart if first_restart is not None else first_failure
+    return Recovery(
+        start=window[0].ts,
+        end=None if step is None else step.ts,
+        layer="in_job" if rose or new_processes else "in_process",
+        restarts=_restart_layers(window, pods),
+        cause=_cause(window, pods),
+        fault_logged=fault_logged,
+        step=fault_step,
+        restore_s=max(loads, default=0.0),
+        detected=detected if is_fault(window[0]) else None,
+        torn_down=torn_down,
+        rendezvous=rendezvous,
+        attempt=attempt,
+        restored=None if restored is None else restored.ts,
+        restored_step=None if restored is None else restored.step,
+        restored_from=None if restored is None else restore_origin(restored),
+    )
+
+
+def _restart_layers(window: Sequence[Event], pods: frozenset[int]) -> tuple[str, ...]:
+    """The layer of each restart in ``window``, once across ranks and nodes, oldest first."""
+    seen: set[tuple[object, ...]] = set()
+    layers = []
+    for e in window:
+        if isinstance(e, RestartBegin):
+            layer = e.layer or "in_job"
+            round_ = e.iteration if layer == "in_process" else e.attempts_left
+            key: tuple[object, ...] = (layer, round_) if round_ is not None else (layer, id(e))
+        elif isinstance(e, Relaunch):
+            layer, key = "launcher", ("launcher", e.node, e.attempt)
+        elif id(e) in pods:
+            layer, key = "pod", ("pod", id(e))
+        else:
+            continue
+        if key not in seen:
+            seen.add(key)
+            layers.append(layer)
+    return tuple(layers)
+
+
+def _cause(window: Sequence[Event], pods: frozenset[int]) -> str:
+    injected = next((e for e in window if isinstance(e, FaultInjected)), None)
+    if injected is not None:
+        return f"{injected.kind or 'fault'} (injected)"
+    if any(isinstance(e, HangDetected) for e in window):
+        return "hang"
+    # An in-process restart names its cause; the failing rank's is the fault.
+    causes = [e.cause for e in window if isinstance(e, RestartBegin) and e.cause]
+    if causes:
+        return next((c for c in causes if not c.startswith("peer ")), causes[0])
+    failed = next((e for e in window if isinstance(e, WorkerFailed)), None)
+    if failed is not None:
+        return failed.signal or f"exit {failed.exit_code}"
+    signal = next((e for e in window if isinstance(e, SignalReceived)), None)
+    if signal is not None:
+        return signal.signal or "signal"
+    exited = next((e for e in window if isinstance(e, LauncherExit) and e.failed), None)
+    if exited is not None:
+        return f"launcher exit {exited.exit_code}"
+    if any(isinstance(e, Relaunch) for e in window):
+        return "launcher lost"
+    if any(id(e) in pods for e in window):
+        return "pod restarted"
+    return "no fault logged"
