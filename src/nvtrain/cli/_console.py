@@ -147,9 +147,10 @@ def _shown_fields(record: Event) -> dict[str, Any]:
     """The fields of ``record`` to show: a worker's rank and what happened; all of the
     launcher's but its command line (which stays in the events log)."""
     fields = record.fields()
-    if record.rank is None:
-        return {k: v for k, v in fields.items() if k != "argv"}
-    return {"rank": record.rank, **{k: v for k, v in fields.items() if k in _WORKER_FIELDS}}
+    rank = {} if record.rank is None else {"rank": record.rank}
+    if record.source != "worker":  # the launcher's (a worker_failed has the rank it found)
+        return {**rank, **{k: v for k, v in fields.items() if k != "argv"}}
+    return {**rank, **{k: v for k, v in fields.items() if k in _WORKER_FIELDS}}
 
 
 def _plain_event(record: Event) -> None:
