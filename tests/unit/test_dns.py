@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 import pytest
 
@@ -63,6 +64,16 @@ class Appears:
         return self.addresses
 
 
+def no_jitter() -> float:
+    return 1.0  # every wait its whole step
+
+
+def waiting(time: FakeTime, timeout: float, resolver: Any, jitter: Any = no_jitter) -> list[str]:
+    return wait_until_resolvable(
+        NAME, timeout, resolver=resolver, clock=time.clock, sleep=time.sleep, jitter=jitter
+    )
+
+
 def test_records_that_appear_after_some_tries_are_returned() -> None:
     time = FakeTime()
     resolver = Appears(3, time, ["10.0.0.5", "10.0.0.6"])
@@ -74,6 +85,7 @@ def test_records_that_appear_after_some_tries_are_returned() -> None:
         clock=time.clock,
         sleep=time.sleep,
         on_retry=lambda waited, err: retries.append((waited, err)),
+        jitter=no_jitter,
     )
     assert found == ["10.0.0.5", "10.0.0.6"]
     assert resolver.calls == [NAME] * 4
@@ -84,7 +96,9 @@ def test_records_that_appear_after_some_tries_are_returned() -> None:
 
 def test_resolvable_at_once_does_not_sleep() -> None:
     time = FakeTime()
-    assert wait_until_resolvable(NAME, 5, resolver=Appears(0, time), clock=time.clock, sleep=time.sleep)
+    assert wait_until_resolvable(
+        NAME, 5, resolver=Appears(0, time), clock=time.clock, sleep=time.sleep, jitter=no_jitter
+    )
     assert time.sleeps == []
 
 
@@ -92,7 +106,9 @@ def test_never_resolving_raises_dns_timeout_with_exit_code_3() -> None:
     time = FakeTime()
     resolver = Appears(10**9, time)
     with pytest.raises(DnsTimeout) as info:
-        wait_until_resolvable(NAME, 30, resolver=resolver, clock=time.clock, sleep=time.sleep)
+        wait_until_resolvable(
+            NAME, 30, resolver=resolver, clock=time.clock, sleep=time.sleep, jitter=no_jitter
+        )
     error = info.value
     assert isinstance(error, NvtrainError)
     assert error.exit_code == ExitCode.RENDEZVOUS == 3
@@ -115,7 +131,9 @@ def test_never_resolving_raises_dns_timeout_with_exit_code_3() -> None:
 def test_backoff_grows_and_is_capped_at_5_seconds() -> None:
     time = FakeTime()
     with pytest.raises(DnsTimeout):
-        wait_until_resolvable(NAME, 60, resolver=Appears(10**9, time), clock=time.clock, sleep=time.sleep)
+        wait_until_resolvable(
+            NAME, 60, resolver=Appears(10**9, time), clock=time.clock, sleep=time.sleep, jitter=no_jitter
+        )
     delays = time.sleeps
     assert delays[:5] == [0.5, 1.0, 2.0, 4.0, 5.0]
     assert max(delays) == 5.0
@@ -127,7 +145,9 @@ def test_backoff_grows_and_is_capped_at_5_seconds() -> None:
 def test_slow_resolver_counts_against_the_deadline() -> None:
     time = FakeTime(resolve_cost=4.0)
     with pytest.raises(DnsTimeout) as info:
-        wait_until_resolvable(NAME, 10, resolver=Appears(10**9, time), clock=time.clock, sleep=time.sleep)
+        wait_until_resolvable(
+            NAME, 10, resolver=Appears(10**9, time), clock=time.clock, sleep=time.sleep, jitter=no_jitter
+        )
     assert info.value.waited >= 10
     assert info.value.waited < 10 + 4.0 + 5.0
 
@@ -135,10 +155,29 @@ def test_slow_resolver_counts_against_the_deadline() -> None:
 def test_empty_answer_is_not_success() -> None:
     time = FakeTime()
     with pytest.raises(DnsTimeout, match=r"\(no addresses\)"):
-        wait_until_resolvable(NAME, 3, resolver=lambda name: [], clock=time.clock, sleep=time.sleep)
+        wait_until_resolvable(
+            NAME, 3, resolver=lambda name: [], clock=time.clock, sleep=time.sleep, jitter=no_jitter
+        )
 
 
 def test_real_resolver_on_localhost_and_an_invalid_name() -> None:
     assert "127.0.0.1" in resolve("localhost")
     with pytest.raises(OSError):
         resolve("pod-0.nvtrain-test.invalid")  # RFC 6761: .invalid never resolves
+
+
+def test_waits_are_jittered_between_half_and_all_of_their_step() -> None:
+    """Pods started together spread their retries: each wait is somewhere in [step/2, step)."""
+    waits = []
+    for draw in (0.0, 0.5, 0.999):
+        time = FakeTime()
+        with pytest.raises(DnsTimeout):
+            waiting(time, 12, Appears(10**9, time), jitter=lambda d=draw: d)
+        waits.append(time.sleeps[:4])
+    assert waits[0] == [0.25, 0.5, 1.0, 2.0]
+    assert waits[1] == [0.375, 0.75, 1.5, 3.0]
+    assert all(0.5 * s <= w < s for w, s in zip(waits[2], [0.5, 1.0, 2.0, 4.0], strict=True))
+    time = FakeTime()  # the default draws at random: some waits differ from their step
+    with pytest.raises(DnsTimeout):
+        wait_until_resolvable(NAME, 30, resolver=Appears(10**9, time), clock=time.clock, sleep=time.sleep)
+    assert len(set(time.sleeps[4:-1])) > 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 from collections.abc import Callable
@@ -73,8 +74,11 @@ def wait_until_resolvable(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     on_retry: Callable[[float, str], None] | None = None,
+    jitter: Callable[[], float] = random.random,
 ) -> list[str]:
-    """Resolve ``name``, retrying with backoff (0.5 s doubling to 5 s) until ``timeout``."""
+    """Resolve ``name``, retrying with backoff (0.5 s doubling to 5 s) until ``timeout``. Each
+    wait is between half and all of its step (``jitter()``, in [0, 1], picks where), so that the
+    pods of a large job, started together, do not ask the DNS server together."""
     start = clock()
     delay = 0.5
     while True:
@@ -90,5 +94,5 @@ def wait_until_resolvable(
             raise DnsTimeout(name, waited, error)
         if on_retry is not None:
             on_retry(waited, error)
-        sleep(min(delay, max(timeout - waited, 0.0)))
+        sleep(min(delay * (0.5 + 0.5 * jitter()), max(timeout - waited, 0.0)))
         delay = min(delay * 2, 5.0)
