@@ -396,3 +396,17 @@ def test_pod_name_limit() -> None:
             "shorten the name to at most 60 characters",
         )
     ]
+
+
+@pytest.mark.parametrize(
+    ("nodes", "version", "warned"),
+    [(999, "0.4.1", False), (1000, "0.4.1", True), (4000, "0.6.0", False), (4000, "0.7.0", False)],
+)
+def test_a_thousand_nodes_on_nvrx_0_4_is_warned_about(nodes: int, version: str, warned: bool) -> None:
+    policy = _policy(MINIMAL + f"[rendezvous]\nnodes = {nodes}\n")
+    found = [f for f in check(policy, nvrx=NvrxVersion.parse(version)) if f.code == "nvrx-scale"]
+    assert [(f.severity, f.table, f.key, f.value) for f in found] == (
+        [("warning", "rendezvous", "nodes", str(nodes))] if warned else []
+    )
+    if warned:
+        assert "NVRx 0.6 or later" in found[0].fix

@@ -589,6 +589,11 @@ _RULES: tuple[Rule, ...] = (
 )
 
 
+LARGE_JOB_NODES = 1000
+"""From this many nodes NVRx 0.4's rendezvous store is near what it can take (measured and
+worked out in docs/architecture.md, "At 1,000+ nodes")."""
+
+
 def _nvrx_rules(p: Policy, v: NvrxVersion) -> Iterator[Finding]:
     if not v.tested:
         yield _f(
@@ -633,6 +638,18 @@ def _nvrx_rules(p: Policy, v: NvrxVersion) -> Iterator[Finding]:
             f"NVRx {v} has no control-plane process (nvrx-control arrived in 0.6)",
             'use store = "pod0" with NVRx 0.4 (the other pods restart their launchers when pod 0 '
             "is replaced), or install NVRx 0.6 or later",
+        )
+    if r.nodes >= LARGE_JOB_NODES and not v.barrier_rendezvous:
+        yield _f(
+            "warning",
+            "nvrx-scale",
+            "rendezvous",
+            "nodes",
+            r.nodes,
+            f"NVRx {v.line}'s rendezvous keeps every node's state in one store key that each node "
+            f"rewrites every 5 s; from about {LARGE_JOB_NODES:,} nodes the rewrites collide faster than "
+            "they succeed, nodes miss their keep-alives and are dropped as dead (docs/architecture.md)",
+            "run NVRx 0.6 or later (barrier rendezvous) for jobs this large",
         )
     if r.min_nodes is not None and r.min_nodes < r.nodes:
         if v.barrier_rendezvous:
