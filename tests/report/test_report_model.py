@@ -257,3 +257,34 @@ def test_saves_in_flight_at_soft_faults_finished_or_dropped() -> None:
     assert ck.settle_waited.median == pytest.approx(1.7)  # the slowest rank of each save: 0.4 and 3.0
     none = build_report(two_recoveries().records(), "t").checkpoints
     assert (none.finished_at_faults, none.dropped_at_faults, none.settle_waited) == (0, 0, None)
+
+
+def test_a_worker_killed_from_outside_is_the_cause_and_the_in_job_restart_the_layer() -> None:
+    """Seen in the soak (BENCHMARKS.md): a SIGKILL from outside (nothing injected); the
+    survivors' in-process layer restarts a few ms after ft_launcher's in-job restart, naming the
+    broken connection it saw. The cause is the kill, and the layer that recovered is in_job."""
+    log = Log().step(0, 1, first=True).step(10, 10)
+    log.at(11, "worker_failed", source="launcher", local_rank=1, worker_pid=2, exit_code=-9, signal="SIGKILL")
+    log.at(11.01, "restart_begin", source="launcher", layer="in_job", attempts_left=3, max_restarts=3)
+    log.at(
+        11.04,
+        "restart_begin",
+        layer="in_process",
+        rank=0,
+        pid=1,
+        iteration=1,
+        cause="exception (RuntimeError)",
+    )
+    log.at(
+        11.5,
+        "worker_failed",
+        source="launcher",
+        local_rank=0,
+        worker_pid=1,
+        exit_code=-15,
+        signal="SIGTERM",
+        stopped=True,
+    )
+    log.step(20, 9, first=True, pid=3, attempt=0).step(30, 20, pid=3)
+    (incident,) = build_report(log.records(), "events.jsonl").incidents
+    assert (incident.cause, incident.layer) == ("SIGKILL", "in_job")

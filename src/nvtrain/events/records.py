@@ -422,7 +422,9 @@ class WorkerFailed(Event):
     hang: bool | None = None
     """Its rank monitor had reported a missing heartbeat first."""
     step: int | None = None
-    """The job's last step when it failed, if the workers report steps."""
+    """The highest step the job had reached when it failed (not necessarily where this attempt
+    was: after a rollback it is the step before it), if the workers report steps. Escalation
+    counts failures in a row without a new highest step."""
     stopped: bool | None = None
     """It had been told to stop (it logged ``worker_stopped``): it ended on request, no fault."""
     gave_up: str | None = None

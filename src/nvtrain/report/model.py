@@ -386,13 +386,19 @@ class _Commits:
         return step, next((t for t, s in seg.points if s == step), seg.start_t)
 
 
+_DEPTH = {"in_process": 0, "in_job": 1, "launcher": 2, "pod": 3}
+"""How deep a restart layer reaches: each restarts everything the ones above it do."""
+
+
 def _incident(
     recovery: Recovery, index: int, seg: Segment, back_to: int, commits: _Commits, t0: float
 ) -> Incident:
     start, end = recovery.start, recovery.end
     restarts = recovery.restarts
     if restarts:
-        layer = restarts[-1]
+        # The deepest layer that restarted recovered: when ft_launcher restarts every worker,
+        # the survivors' in-process restarts logged a few ms later did not.
+        layer = max(restarts, key=lambda name: _DEPTH.get(name, 1))
     else:
         layer = recovery.layer if end is not None else "none"
     # Each phase ends at one event; detection is measured only from a logged fault.

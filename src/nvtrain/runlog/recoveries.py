@@ -195,6 +195,11 @@ def _cause(window: Sequence[Event], pods: frozenset[int]) -> str:
         return f"{injected.kind or 'fault'} (injected)"
     if any(isinstance(e, HangDetected) for e in window):
         return "hang"
+    # A worker killed by a signal (not one ft_launcher told to stop) is the fault: the in-process
+    # restarts of its peers that follow name only what they saw of it (a broken connection).
+    killed = next((e for e in window if isinstance(e, WorkerFailed) and e.signal and not e.stopped), None)
+    if killed is not None:
+        return str(killed.signal)
     # An in-process restart names its cause; the failing rank's is the fault.
     causes = [e.cause for e in window if isinstance(e, RestartBegin) and e.cause]
     if causes:
