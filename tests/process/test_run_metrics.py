@@ -70,7 +70,8 @@ def test_live_figures_follow_the_run(nvtrain: NvtrainRunner, tmp_path: Path) -> 
     steps = [v for s in scrapes if (v := value(s, "nvtrain_step")) is not None]
     assert any(0 < v < 60 for v in steps), steps  # seen mid-run, not only at the end
     restarts = [value(s, "nvtrain_restarts_total", layer="in_job") or 0.0 for s in scrapes]
-    assert restarts == sorted(restarts), f"{restarts}\n{[sorted(s) for s in scrapes if s]}"[:20000]  # a counter never goes down
+    # A counter never goes down (on failure: every value, and what each scrape held)
+    assert restarts == sorted(restarts), f"{restarts}\n{[sorted(s) for s in scrapes if s]}"[:20000]
     assert restarts[-1] == 1.0, restarts
     assert any(value(s, "nvtrain_recovering") == 1.0 for s in scrapes), "the recovery was never seen"
     last = scrapes[-1]
