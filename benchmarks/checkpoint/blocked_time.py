@@ -6,6 +6,14 @@ AdamW state is about --size-gb, then, alternating arms, saves it several times:
   nvtrain-async   nvtrain.worker.Checkpointer, async (reused staging buffers, pinned on GPUs)
   dcp-async       torch.distributed.checkpoint.async_save with its default staging
   nvtrain-sync    nvtrain.worker.Checkpointer, async = false (the loop waits for the write)
+  nvtrain-async-shm      async, staging into the host copy in --shm (files that outlive the worker)
+  nvtrain-async-4w       async, torch's writer with 4 threads (files) per rank instead of 1
+
+With --prepare, each nvtrain async arm prepares (allocates and pins) its buffers in the
+background before its first save, as a training loop does on its first step that is not due
+(``Checkpointer.prepare``); the time that took is reported apart, and the first save's blocked
+time is then comparable with the later ones. --disk-gb measures the checkpoint disk's
+sequential write rate first (written in 64 MiB blocks, then fsync), for the write-rate column.
 
 and reports the median time the training loop was blocked per save. On a GPU the floor is
 state bytes / pinned device-to-host bandwidth, measured here with one large copy.
@@ -28,6 +36,9 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recovery"))
+
+from hostcopy import disk_rate  # noqa: E402  (benchmarks/recovery)
 
 from nvtrain.config.schema import Checkpoint  # noqa: E402
 from nvtrain.events import EventLog, read_events  # noqa: E402
@@ -87,6 +98,12 @@ def main() -> None:
     parser.add_argument("--dir", default="/tmp/nvtrain-ckpt-bench")
     parser.add_argument("--json", default=None)
     parser.add_argument(
+        "--arms", default="nvtrain-async,dcp-async,nvtrain-sync", help="comma-separated, in turn"
+    )
+    parser.add_argument("--prepare", action="store_true", help="prepare buffers before the first save")
+    parser.add_argument("--shm", default="/dev/shm/nvtrain-blocked-time", help="host copy folder")
+    parser.add_argument("--disk-gb", type=float, default=0.0, help="measure the disk's write rate first")
+    parser.add_argument(
         "--step-time", type=float, default=1.0, help="step time (s) for the checkpoint-efficiency column"
     )
     parser.add_argument(
@@ -106,18 +123,35 @@ def main() -> None:
     model, optimizer = build(args.size_gb, device)
     nbytes = state_bytes(model, optimizer)
     bandwidth = pinned_bandwidth() if cuda else None
+    disk = disk_rate(root, args.disk_gb) if args.disk_gb else None
     events = EventLog(root / "events.jsonl")
+    arms = args.arms.split(",")
+    shm = Path(args.shm)
+    shutil.rmtree(shm, ignore_errors=True)
+    shm.mkdir(parents=True)
     ckpt = {
         mode: Checkpointer(
             model=model,
             optimizer=optimizer,
             run_dir=root / mode,
-            policy=Checkpoint(dir=str(root), interval=1, keep=1, **{"async": mode == "nvtrain-async"}),
+            policy=Checkpoint(dir=str(root), interval=1, keep=1, **{"async": mode != "nvtrain-sync"}),
             events=events,
+            host_copy_dir=str(shm) if mode == "nvtrain-async-shm" else "",
+            write_threads=4 if mode == "nvtrain-async-4w" else 1,
         )
-        for mode in ("nvtrain-async", "nvtrain-sync")
+        for mode in arms
+        if mode != "dcp-async"
     }
-    blocked: dict[str, list[float]] = {"nvtrain-async": [], "dcp-async": [], "nvtrain-sync": []}
+    prepared: dict[str, float] = {}
+    if args.prepare:
+        for mode, c in ckpt.items():
+            t0 = time.perf_counter()
+            ready = c.prepare()
+            if ready is not None:
+                ready.wait()
+                prepared[mode] = round(time.perf_counter() - t0, 3)
+        print(f"buffers prepared in the background before the first save (s): {prepared}", flush=True)
+    blocked: dict[str, list[float]] = {mode: [] for mode in arms}
     background: dict[str, list[float]] = {k: [] for k in blocked}
     gloo = dist.new_group(backend="gloo")  # DCP's async path needs a CPU-capable group
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -154,6 +188,7 @@ def main() -> None:
             )
     for c in ckpt.values():
         c.close()
+    shutil.rmtree(shm, ignore_errors=True)
     staged = [e.blocked_s for e in read_events(root / "events.jsonl") if isinstance(e, CheckpointStaged)]
     floor = nbytes / bandwidth if bandwidth else None
     result = {
@@ -166,21 +201,29 @@ def main() -> None:
         "blocked_s": {k: [round(x, 4) for x in v] for k, v in blocked.items()},
         "until_committed_s": {k: [round(x, 4) for x in v] for k, v in background.items()},
         "events_blocked_s": staged,
+        "prepared_s": prepared,
+        "disk_GBps": round(disk, 3) if disk else None,
+        "write_GBps": {k: [round(nbytes / x / 1e9, 3) for x in v] for k, v in background.items()},
     }
     between = args.interval * args.step_time
     print(f"\nefficiency = {args.interval} steps x {args.step_time} s / (that + blocked per save)")
     print(
-        "\n| arm | median blocked (s) | steady (saves 2..) median | x floor | median until written (s) "
-        f"| efficiency at {args.interval} x {args.step_time} s |"
+        "\n| arm | first save blocked (s) | steady (saves 2..) median | x floor | median until written (s) "
+        f"| write GB/s (x disk) | efficiency at {args.interval} x {args.step_time} s |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for mode, values in blocked.items():
         steady = statistics.median(values[1:]) if len(values) > 1 else values[0]
         ratio = f"{steady / floor:.2f}" if floor else "-"
+        written = statistics.median(background[mode])
+        rate = nbytes / written / 1e9
+        vs_disk = f" ({rate / disk:.2f})" if disk else ""
         print(
-            f"| {mode} | {statistics.median(values):.3f} | {steady:.3f} | {ratio} | "
-            f"{statistics.median(background[mode]):.3f} | {between / (between + steady):.2%} |"
+            f"| {mode} | {values[0]:.3f} | {steady:.3f} | {ratio} | "
+            f"{written:.3f} | {rate:.2f}{vs_disk} | {between / (between + steady):.2%} |"
         )
+    if disk:
+        print(f"checkpoint disk sequential write: {disk:.2f} GB/s")
     print(
         f"\nstate {nbytes / 1e9:.2f} GB; pinned D2H "
         f"{(bandwidth or 0) / 1e9:.1f} GB/s; floor {floor or 0:.3f} s"

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from nvtrain.cli import app
 from nvtrain.templates.init import starter_text
-from nvtrain.templates.manifest import ManifestOptions, dump, render
+from nvtrain.templates.manifest import ManifestOptions, dump, notes, render
 
 runner = CliRunner()
 
@@ -25,8 +25,16 @@ def test_prints_the_same_yaml_as_the_library(tmp_path: Path) -> None:
 
     result = runner.invoke(app, ["manifest", str(write(tmp_path))])
     assert result.exit_code == 0, result.output
-    assert result.stderr == ""
     assert result.stdout == dump(render(policy_of(MINIMAL), MINIMAL, ManifestOptions()))
+    # Only the note that the host copies in /dev/shm are not sized (MINIMAL keeps them).
+    assert result.stderr == "".join(
+        f"nvtrain: note: {n}\n" for n in notes(policy_of(MINIMAL), ManifestOptions())
+    )
+    assert result.stderr.count("\n") == 1
+    no_copy = MINIMAL + "[checkpoint]\nin_memory = false\n"
+    quiet = runner.invoke(app, ["manifest", str(write(tmp_path, no_copy))])
+    assert quiet.exit_code == 0, quiet.output
+    assert quiet.stderr == ""
 
 
 def test_writes_a_file_and_lists_its_objects(tmp_path: Path) -> None:
@@ -134,6 +142,9 @@ def test_bad_options_exit_2_with_a_fix(tmp_path: Path) -> None:
         (["--env", "NOVALUE"], "is not KEY=VALUE"),
         (["--resource", "rdma/x=two"], "not a whole number"),
         (["--shm-size", "big"], "not a Kubernetes quantity"),
+        (["--state-per-rank", "20GB"], "--state-per-rank '20GB' is not a Kubernetes quantity"),
+        (["--state-per-rank", "0"], "--state-per-rank '0' is not a size"),
+        (["--state-per-rank", "20Gi", "--memory", "36Gi"], "memory-backed volumes, not below --memory"),
         (["--image", "has space"], "not an image reference"),
     ):
         result = runner.invoke(app, ["manifest", policy, *args])
@@ -141,3 +152,30 @@ def test_bad_options_exit_2_with_a_fix(tmp_path: Path) -> None:
         assert message in result.stderr, (args, result.stderr)
         assert "fix:" in result.stderr
         assert result.stdout == ""
+
+
+def test_state_per_rank_sizes_the_host_copies_and_notes_when_it_is_missing(tmp_path: Path) -> None:
+    eight = str(write(tmp_path, MINIMAL + "nproc_per_node = 8\n"))
+    sized = runner.invoke(app, ["manifest", eight, "--state-per-rank", "20Gi", "--memory", "900Gi"])
+    assert sized.exit_code == 0, sized.output
+    assert sized.stderr == ""
+    volumes = {
+        v["name"]: v for v in by_kind(load_all(sized.stdout), "Job")["spec"]["template"]["spec"]["volumes"]
+    }
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "336Gi"}  # 16Gi + 2 x 20Gi x 8
+    unsized = runner.invoke(app, ["manifest", eight])
+    assert unsized.exit_code == 0, unsized.output
+    [note] = unsized.stderr.splitlines()
+    assert note.startswith("nvtrain: note: [checkpoint] memory_dir '/dev/shm' holds the host copies")
+    assert "2 × state per rank × 8 ranks per pod" in note and "--state-per-rank" in note
+    out = tmp_path / "job.yaml"
+    written = runner.invoke(app, ["manifest", eight, "-o", str(out)])
+    assert written.exit_code == 0, written.output
+    assert written.stderr == unsized.stderr and "kubectl apply" in written.stdout
+    no_copy = str(write(tmp_path, MINIMAL + "[checkpoint]\nasync = false\nkeep = 1\n"))
+    ignored = runner.invoke(app, ["manifest", no_copy, "--state-per-rank", "20Gi"])
+    assert ignored.exit_code == 0, ignored.output
+    assert ignored.stderr == (
+        "nvtrain: note: --state-per-rank changes nothing: the policy keeps no host copy of the "
+        "checkpoint ([checkpoint] async = false)\n"
+    )

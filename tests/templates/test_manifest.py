@@ -37,6 +37,10 @@ from nvtrain.templates.manifest import (
     ManifestOptions,
     dump,
     grace_period,
+    host_copy_bytes,
+    keeps_host_copy,
+    notes,
+    ranks_per_pod,
     render,
 )
 
@@ -321,6 +325,190 @@ def test_checkpoint_dirs_that_cannot_be_a_mount_are_refused(directory: str) -> N
         objects_of(text)
 
 
+# -- memory of the host copies ([checkpoint] memory_dir) ------------------------------------------
+
+EIGHT = MINIMAL + "nproc_per_node = 8\n"
+"""8 ranks per pod; the host copies in /dev/shm (the schema's defaults)."""
+OWN_DIR = EIGHT + '[checkpoint]\nmemory_dir = "/hostcopy"\n'
+"""The host copies in a memory-backed folder of their own."""
+CPU_RANKS = set_keys(
+    starter_text("policy.toml"),
+    {
+        ("job", "backend"): '"gloo"',
+        ("job", "collective_timeout"): '"45s"',
+        ("job", "nproc_per_node"): '"cpu"',
+    },
+)
+
+
+def volumes_of(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return {v["name"]: v for v in pod_spec(objects)["volumes"]}
+
+
+def mounts_of(objects: list[dict[str, Any]]) -> dict[str, str]:
+    return {m["name"]: m["mountPath"] for m in container(objects)["volumeMounts"]}
+
+
+def memory_backed(objects: list[dict[str, Any]]) -> dict[str, str]:
+    """sizeLimit of every emptyDir with medium Memory, by volume name."""
+    return {
+        name: v["emptyDir"]["sizeLimit"]
+        for name, v in volumes_of(objects).items()
+        if v.get("emptyDir", {}).get("medium") == "Memory"
+    }
+
+
+@pytest.mark.parametrize(
+    ("nproc", "memory_dir", "state", "shm", "size"),
+    [
+        (8, "/dev/shm", "20Gi", "16Gi", "336Gi"),  # 16Gi + 2 x 20Gi x 8
+        (1, "/dev/shm", "20Gi", "16Gi", "56Gi"),
+        (8, "/dev/shm", "1.5Gi", "16Gi", "40Gi"),
+        (8, "/dev/shm", "10G", "16G", "176G"),  # decimal stays decimal
+        (8, "/dev/shm", "512Mi", "1Gi", "9Gi"),
+        (8, "/dev/shm", "10G", "16Gi", "173027216Ki"),  # 16Gi + 160G, exact
+        (8, "/dev/shm", "100", "16Gi", "17179870784"),  # no suffix divides the sum: bytes
+        (8, "/dev/shm/nvtrain", "1Gi", "16Gi", "32Gi"),  # a folder in /dev/shm is in its volume
+        (8, "/dev/shm/", "1Gi", "16Gi", "32Gi"),
+    ],
+)
+def test_state_per_rank_sizes_dev_shm_for_the_two_copies_of_every_rank(
+    nproc: int, memory_dir: str, state: str, shm: str, size: str
+) -> None:
+    text = MINIMAL + f'nproc_per_node = {nproc}\n[checkpoint]\nmemory_dir = "{memory_dir}"\n'
+    objects = objects_of(text, ManifestOptions(state_per_rank=state, shm_size=shm))
+    assert memory_backed(objects) == {"dshm": size}
+    assert mounts_of(objects) == {"policy": "/etc/nvtrain", "checkpoints": "/checkpoints", "dshm": "/dev/shm"}
+
+
+def test_state_per_rank_mounts_a_memory_backed_volume_at_another_memory_dir() -> None:
+    objects = objects_of(OWN_DIR, ManifestOptions(state_per_rank="20Gi"))
+    assert volumes_of(objects)["hostcopy"] == {
+        "name": "hostcopy",
+        "emptyDir": {"medium": "Memory", "sizeLimit": "320Gi"},
+    }
+    assert mounts_of(objects)["hostcopy"] == "/hostcopy"
+    assert memory_backed(objects) == {"dshm": "16Gi", "hostcopy": "320Gi"}  # /dev/shm keeps --shm-size
+    # Without --state-per-rank nothing is mounted there (and `notes` says so, below).
+    assert "hostcopy" not in volumes_of(objects_of(OWN_DIR))
+
+
+def test_without_state_per_rank_the_sizes_stay_as_they_were() -> None:
+    for text in (MINIMAL, EIGHT, OWN_DIR):
+        assert memory_backed(objects_of(text, ManifestOptions(shm_size="32Gi"))) == {"dshm": "32Gi"}
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        "async = false\nkeep = 1\n",
+        "in_memory = false\n",
+        'memory_dir = ""\n',
+        'in_memory = false\nmemory_dir = "/etc/nvtrain"\n',
+    ],
+)
+def test_state_per_rank_changes_nothing_when_the_policy_keeps_no_host_copy(table: str) -> None:
+    text = EIGHT + "[checkpoint]\n" + table
+    policy = policy_of(text)
+    assert not keeps_host_copy(policy)
+    options = ManifestOptions(state_per_rank="20Gi", memory="100Gi")
+    assert render(policy, text, options) == render(policy, text, ManifestOptions(memory="100Gi"))
+    assert host_copy_bytes(policy, options) is None
+    [note] = notes(policy, options)
+    assert note.startswith("--state-per-rank changes nothing: the policy keeps no host copy")
+    assert notes(policy, ManifestOptions()) == []
+
+
+def test_notes_say_that_the_host_copies_are_not_sized() -> None:
+    [shm] = notes(policy_of(EIGHT), ManifestOptions(shm_size="8Gi"))
+    assert "memory_dir '/dev/shm' holds the host copies" in shm
+    assert "2 × state per rank × 8 ranks per pod" in shm
+    assert "/dev/shm is sized 8Gi (--shm-size)" in shm and "--state-per-rank QUANTITY" in shm
+    [own] = notes(policy_of(OWN_DIR), ManifestOptions())
+    assert "memory_dir '/hostcopy'" in own and "no memory-backed volume is mounted there" in own
+    [cpu] = notes(policy_of(CPU_RANKS), ManifestOptions())
+    assert "2 × state per rank, each rank of a pod" in cpu
+    for text in (EIGHT, OWN_DIR):
+        assert notes(policy_of(text), ManifestOptions(state_per_rank="1Gi")) == []
+
+
+def test_ranks_per_pod_come_from_nproc_per_node_or_the_gpus() -> None:
+    options = ManifestOptions(state_per_rank="10Gi")
+    assert ranks_per_pod(policy_of(EIGHT), options) == 8
+    on_gpus = EIGHT.replace("nproc_per_node = 8", 'nproc_per_node = "gpu"')
+    with pytest.raises(UsageError, match='nproc_per_node = "gpu"') as caught:
+        objects_of(on_gpus, options)
+    assert caught.value.fix and "--gpus" in caught.value.fix
+    four = dataclasses.replace(options, gpus_per_node=4)
+    assert memory_backed(objects_of(on_gpus, four)) == {"dshm": "96Gi"}  # 16Gi + 2 x 10Gi x 4
+    with pytest.raises(UsageError, match="no GPUs per pod"):
+        objects_of(on_gpus, dataclasses.replace(options, gpus_per_node=0))
+    with pytest.raises(UsageError, match='nproc_per_node = "cpu"') as caught:
+        objects_of(CPU_RANKS, options)
+    assert "--state-per-rank" in str(caught.value)
+    assert memory_backed(objects_of(CPU_RANKS)) == {"dshm": "16Gi"}  # without the option it renders
+
+
+def test_memory_limit_must_hold_every_memory_backed_volume() -> None:
+    # 16Gi + 2 x 20Gi x 8 = 336Gi of /dev/shm
+    objects_of(EIGHT, ManifestOptions(state_per_rank="20Gi", memory="337Gi"))
+    with pytest.raises(
+        UsageError, match="336Gi of memory-backed volumes, not below --memory 336Gi"
+    ) as caught:
+        objects_of(EIGHT, ManifestOptions(state_per_rank="20Gi", memory="336Gi"))
+    assert "2 × --state-per-rank 20Gi × 8 ranks = 320Gi" in str(caught.value)
+    assert caught.value.fix == "raise --memory, or lower --shm-size"
+    # The volume at memory_dir counts as well as /dev/shm.
+    objects_of(OWN_DIR, ManifestOptions(state_per_rank="20Gi", memory="400Gi"))
+    with pytest.raises(UsageError, match="memory-backed volumes"):
+        objects_of(OWN_DIR, ManifestOptions(state_per_rank="20Gi", memory="300Gi"))
+    # No host copy: /dev/shm alone, as before.
+    no_copy = EIGHT + "[checkpoint]\nin_memory = false\n"
+    objects_of(no_copy, ManifestOptions(state_per_rank="20Gi", memory="17Gi"))
+
+
+@pytest.mark.parametrize("value", ["lots", "20 Gi", "20GB", "-1Gi", "0", "0Gi", "1Gi\n"])
+def test_bad_state_per_rank_is_a_usage_error_that_names_the_flag(value: str) -> None:
+    for text in (EIGHT, EIGHT + "[checkpoint]\nin_memory = false\n"):
+        with pytest.raises(UsageError, match="--state-per-rank") as caught:
+            objects_of(text, ManifestOptions(state_per_rank=value))
+        assert repr(value) in str(caught.value)
+        assert caught.value.fix and caught.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    "directory",
+    [
+        "/",
+        "/dev",
+        "/dev/hostcopy",
+        "/proc/x",
+        "/sys",
+        "/etc/nvtrain",
+        "/etc/nvtrain/x",
+        "/etc",
+        "/checkpoints",
+        "/checkpoints/hostcopy",
+        "/a/../b",
+        "/dev/shm/../etc",
+        "/host:copy",
+        "/host\ncopy",
+    ],
+)
+def test_memory_dirs_that_overlap_other_mounts_are_refused(directory: str) -> None:
+    text = EIGHT + f"[checkpoint]\nmemory_dir = {json.dumps(directory)}\n"
+    for options in (ManifestOptions(), ManifestOptions(state_per_rank="1Gi")):
+        with pytest.raises(UsageError, match=r"\[checkpoint\] memory_dir") as caught:
+            objects_of(text, options)
+        assert caught.value.fix
+
+
+def test_a_memory_dir_that_holds_the_checkpoint_dir_is_refused() -> None:
+    text = EIGHT + '[checkpoint]\ndir = "/mnt/ckpt"\nmemory_dir = "/mnt"\n'
+    with pytest.raises(UsageError, match="overlaps"):
+        objects_of(text, ManifestOptions(state_per_rank="1Gi"))
+
+
 # -- JobSet --------------------------------------------------------------------------------------
 
 
@@ -590,6 +778,15 @@ SCHEMA_CASES = {
     "control-p5": (CONTROL, P5),
     "control-metrics": (CONTROL + "[metrics]\nenabled = true\n", ManifestOptions()),
     "unusual-control": (with_control_store(UNUSUAL.replace(LONG_NAME, LONG_CONTROL_NAME)), UNUSUAL_OPTIONS),
+    "host-copy-shm": (starter_text("policy.toml"), dataclasses.replace(P5, state_per_rank="20Gi")),
+    "host-copy-volume": (
+        EIGHT + '[checkpoint]\nmemory_dir = "/var/run/nvtrain hostcopy"\n',
+        dataclasses.replace(P5, state_per_rank="2500M"),
+    ),
+    "host-copy-jobset": (
+        starter_named("llm-workers-0"),
+        ManifestOptions(jobset=True, state_per_rank="10G", shm_size="1Gi"),
+    ),
     "unusual-jobset": (
         UNUSUAL.replace(LONG_NAME, LONG_JOBSET_NAME),
         dataclasses.replace(UNUSUAL_OPTIONS, jobset=True),

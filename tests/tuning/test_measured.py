@@ -12,6 +12,7 @@ from nvtrain.config.timings import Timings, read_timings
 from nvtrain.errors import UsageError
 from nvtrain.events.records import Event, from_fields
 from nvtrain.runlog import events_file
+from nvtrain.tuning.advise import Request, Tuned, tune_interval
 from nvtrain.tuning.measured import measure_events, read_measured
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -214,3 +215,116 @@ def test_hangs_and_pod_restarts_are_measured_as_the_report_groups_them() -> None
         ("in_job", pytest.approx(10.6)),
         ("pod", pytest.approx(21.1)),
     ]
+
+
+# -- the load per recovery: each origin's median, weighted by the recoveries that loaded from it --
+
+
+def recovery(log: Log, *, origin: str, seconds: tuple[float, float], restarts: int) -> Log:
+    """A worker killed and replaced (a new process); both ranks load from ``origin``."""
+    log.at(1.0, "fault_injected", step=25, rank=0, pid=1, kind="sigkill")
+    log.at(0.5, "worker_failed", local_rank=0, exit_code=-9, signal="SIGKILL", pid=99)
+    log.at(0.0, "restart_begin", layer="in_job", pid=99)
+    for pid, took in zip((1, 2), seconds, strict=True):
+        log.at(took, "checkpoint_restored", step=20, seconds=took, origin=origin, pid=pid)
+    log.step(21, None, pid=1, restarts=restarts)
+    return log.step(30, 0.5, pid=1, restarts=restarts)
+
+
+def mixed_run() -> Log:
+    """A first start that loads from storage (no fault before it), then three recoveries: two
+    load from host memory, one (a damaged copy, or a lost pod) from storage."""
+    log = Log().at(1.0, "checkpoint_restored", step=10, seconds=3.0, origin="storage", pid=1)
+    log.step(11, None).step(20, 0.5)
+    recovery(log, origin="memory", seconds=(0.1, 0.2), restarts=1)
+    recovery(log, origin="storage", seconds=(2.0, 2.4), restarts=2)
+    return recovery(log, origin="memory", seconds=(0.1, 0.2), restarts=3)
+
+
+def test_each_origin_is_measured_and_weighted_by_its_recoveries() -> None:
+    measured = measure_events(mixed_run().records(), "x")
+    memory, storage = measured.by_origin["memory"], measured.by_origin["storage"]
+    assert (memory.loads, memory.recoveries) == (4, 2) and memory.median == pytest.approx(0.15)
+    assert (storage.loads, storage.recoveries) == (3, 1) and storage.median == pytest.approx(2.4)
+    assert measured.restore_per_recovery() == pytest.approx((2 * 0.15 + 2.4) / 3)
+    assert measured.restore_from == "memory"  # most recoveries loaded from memory
+    # the Timings sample stays the storage loads (what `validate --timings` checks startup with)
+    assert measured.timings.restore is not None and measured.timings.restore.median == pytest.approx(2.4)
+
+
+def test_the_first_start_load_is_no_recovery() -> None:
+    """Only memory recoveries: the figure is the memory median, though storage loads were seen."""
+    log = Log().at(1.0, "checkpoint_restored", step=10, seconds=3.0, origin="storage", pid=1)
+    log.step(11, None).step(20, 0.5)
+    recovery(log, origin="memory", seconds=(0.1, 0.3), restarts=1)
+    measured = measure_events(log.records(), "x")
+    assert measured.by_origin["storage"].recoveries == 0 and measured.by_origin["storage"].loads == 1
+    assert measured.restore_per_recovery() == pytest.approx(0.2)
+    assert measured.restore_from == "memory"
+
+
+def test_a_tie_and_an_old_log_without_origin_count_as_storage() -> None:
+    log = Log().step(1, None).step(10, 0.5)
+    recovery(log, origin="memory", seconds=(0.1, 0.1), restarts=1)
+    log.at(1.0, "fault_injected", step=25, rank=0, pid=1, kind="sigkill")
+    log.at(2.0, "checkpoint_restored", step=20, seconds=2.0, pid=3)  # says nothing: storage
+    log.step(21, None, pid=3, restarts=2)
+    measured = measure_events(log.records(), "x")
+    assert measured.by_origin["storage"].recoveries == 1 and measured.restore_from == "storage"
+    assert measured.restore_per_recovery() == pytest.approx(1.05)
+
+
+def test_without_recoveries_the_loads_are_taken_as_before() -> None:
+    log = Log().at(1, "checkpoint_restored", seconds=0.1, origin="memory")
+    measured = measure_events(log.records(), "x")
+    assert measured.restore_per_recovery() is None and measured.weighed == {}
+    assert measured.by_origin["memory"].recoveries == 0
+
+
+def tuned(log: Log, tmp_path: Path) -> Tuned:
+    path = log.write(tmp_path / "events.jsonl")
+    request = Request(from_run=path, step_time="1s", save_block="1s", save_write="2s", mtbf="6h")
+    return tune_interval(request)
+
+
+def test_tune_interval_uses_the_load_per_recovery(tmp_path: Path) -> None:
+    result = tuned(mixed_run(), tmp_path)
+    assert result.report.inputs.restore_s == pytest.approx(0.9)
+    assert result.origins["restore"] == (
+        "measured: 3 recoveries, 2 from memory (median 150ms) and 1 from storage (median 2.4s)"
+    )
+    assert not [n for n in result.notes if "host memory" in n]
+    measured = result.to_dict()["measured"]
+    assert measured["restore_from"] == "memory"
+    assert measured["restore_by_origin"] == {
+        "memory": {"loads": 4, "median_s": pytest.approx(0.15), "recoveries": 2},
+        "storage": {"loads": 3, "median_s": pytest.approx(2.4), "recoveries": 1},
+    }
+
+
+def test_tune_interval_notes_what_only_memory_recoveries_leave_out(tmp_path: Path) -> None:
+    log = Log().at(1.0, "checkpoint_restored", step=10, seconds=3.0, origin="storage", pid=1)
+    log.step(11, None).step(20, 0.5)
+    result = tuned(recovery(log, origin="memory", seconds=(0.1, 0.3), restarts=1), tmp_path)
+    assert result.report.inputs.restore_s == pytest.approx(0.2)
+    assert result.origins["restore"] == "measured: 1 recovery, 1 from memory (median 200ms)"
+    note = next(n for n in result.notes if n.startswith("every recovery loaded from host memory"))
+    assert "median 3s in this run" in note and "--restore" in note
+
+
+def test_tune_interval_keeps_the_lost_node_note_when_only_memory_loads_were_seen(tmp_path: Path) -> None:
+    log = Log().step(1, None).step(10, 0.5)
+    result = tuned(recovery(log, origin="memory", seconds=(0.1, 0.3), restarts=1), tmp_path)
+    assert result.report.inputs.restore_s == pytest.approx(0.2)
+    assert any(
+        n.startswith("only loads from host memory were measured") and "--restore" in n for n in result.notes
+    )
+
+
+def test_tune_interval_without_recoveries_takes_the_storage_loads(tmp_path: Path) -> None:
+    log = Log().at(1.0, "checkpoint_restored", seconds=0.1, origin="memory", pid=1)
+    log.at(1.0, "checkpoint_restored", seconds=2.0, origin="storage", pid=1).step(1, None)
+    result = tuned(log, tmp_path)
+    assert result.report.inputs.restore_s == pytest.approx(2.0)
+    assert result.origins["restore"] == "measured: median of 1 loads from storage"
+    assert result.to_dict()["measured"]["restore_from"] == "storage"

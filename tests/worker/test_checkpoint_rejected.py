@@ -6,11 +6,11 @@ no process group, real files and real torch (helpers shared with ``test_checkpoi
 from __future__ import annotations
 
 import json
-import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
+import xxhash
 from test_checkpointer import (
     _bits,
     _checkpointer,
@@ -61,13 +61,13 @@ def _restore(run_dir: Path, log: Path, seed: int = 9) -> tuple[int, dict[str, An
 
 
 def _verified(run_dir: Path) -> list[int]:
-    """Committed steps whose files all match the sizes and CRC-32s in COMMITTED."""
+    """Committed steps whose files all match the sizes and xxh3 digests in COMMITTED."""
 
     def intact(folder: Path) -> bool:
         files = json.loads((folder / "COMMITTED").read_text())["files"]
         for name, entry in files.items():
             data = (folder / name).read_bytes() if (folder / name).is_file() else None
-            if data is None or entry != {"size": len(data), "crc32": zlib.crc32(data)}:
+            if data is None or entry != {"size": len(data), "xxh3": xxhash.xxh3_64_hexdigest(data)}:
                 return False
         return True
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import xxhash
 
 STATE_MB = 150  # model + AdamW state of the timing tests
 SAVES = 9  # timed saves of each kind (medians: the machine may be loaded)
@@ -184,7 +185,7 @@ def test_save_commits_a_complete_folder_with_manifests(tmp_path: Path, mode: str
     assert manifest == committed["files"]
     for name, entry in committed["files"].items():
         content = (folder / name).read_bytes()
-        assert entry == {"size": len(content), "crc32": zlib.crc32(content)}, name
+        assert entry == {"size": len(content), "xxh3": xxhash.xxh3_64_hexdigest(content)}, name
 
     order = [(e["event"], e["step"]) for e in _read(log)]
     if mode == "async":
@@ -633,13 +634,13 @@ def test_sync_save_reports_all_the_time_it_blocks(tmp_path: Path, monkeypatch: p
     Checksumming is slowed down here so that the difference is unmistakable."""
     import nvtrain.worker.checkpoint as checkpoint
 
-    real_crc = checkpoint._crc
+    real_digest = checkpoint._digest
 
-    def slow_crc(path: Path) -> int:
+    def slow_digest(path: Path) -> str:
         time.sleep(0.5)
-        return real_crc(path)
+        return real_digest(path)
 
-    monkeypatch.setattr(checkpoint, "_crc", slow_crc)
+    monkeypatch.setattr(checkpoint, "_digest", slow_digest)
     log = tmp_path / "events.jsonl"
     model, optimizer = _model(0)
     ckpt = _checkpointer(tmp_path / "run", model, optimizer, _policy(False), _events(log))
@@ -712,3 +713,33 @@ def test_settle_limit_is_half_the_soft_to_hard_gap(finish: bool, soft: str, hard
         }
     )
     assert settle_limit(policy) == limit
+
+
+def test_a_checkpoint_with_crc32_manifests_still_verifies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checkpoints written before the manifests held xxh3 digests list CRC-32s: still restored,
+    and still rejected when a byte changed."""
+    run_dir = tmp_path / "run"
+    model, optimizer = _model(0)
+    _train(model, optimizer, 2, seed=0)
+    saved = _bits(model, optimizer)
+    ckpt = _checkpointer(run_dir, model, optimizer, _policy(False))
+    ckpt.save(10)
+    ckpt.save(20)
+    ckpt.close()
+    for step in (10, 20):
+        folder = run_dir / f"step-{step:06d}"
+        committed = json.loads((folder / "COMMITTED").read_text())
+        committed["files"] = {
+            name: {"size": entry["size"], "crc32": zlib.crc32((folder / name).read_bytes())}
+            for name, entry in committed["files"].items()
+        }
+        (folder / "COMMITTED").write_text(json.dumps(committed))
+    _flip_byte(next((run_dir / "step-000020").glob("__0_*.distcp")))
+    _new_process(monkeypatch)
+    fresh_model, fresh_optimizer = _model(7)
+    log = tmp_path / "events.jsonl"
+    assert _checkpointer(run_dir, fresh_model, fresh_optimizer, _policy(False), _events(log)).restore() == 10
+    assert _bits(fresh_model, fresh_optimizer) == saved
+    assert [e["step"] for e in _named(log, "checkpoint_corrupt")] == [20]

@@ -6,8 +6,9 @@ NVRx in-process restart) through one fault of every kind that matters for the su
   out at once (no stop-timeout wait), whatever they were doing;
 - an exception and a hang (in Python): the in-process layer restarts all four ranks.
 
-After the run: the state is bitwise the one of the same run without faults, nothing the run
-started is left, and no recovery phase in ``nvtrain report`` waited out a stop timeout. The
+After the run: the state is bitwise the one of the same run without faults (every restore,
+after a SIGKILL too, read the host copy in /dev/shm), nothing the run started (nor its host
+copies) is left, and no recovery phase in ``nvtrain report`` waited out a stop timeout. The
 2-rank variant of the same checks lives in ``test_recovery.py``; 2 pods x 2 ranks in
 ``tests/multinode/test_fault_matrix_pods.py``.
 """
@@ -85,6 +86,9 @@ def test_each_fault_fired_once_and_was_recovered_by_its_layer(runs: dict[str, Ru
         restored = [e for e in window if e["event"] == "checkpoint_restored"]
         assert sorted({e["rank"] for e in restored}) == list(range(RANKS)), (fault, restored)
         assert all(e["step"] <= fault["step"] for e in restored), (fault, restored)
+        # Soft and hard faults alike restore from host memory: the staged copy of the newest
+        # committed checkpoint outlives a killed worker in the pod's /dev/shm.
+        assert {e["origin"] for e in restored} == {"memory"}, (fault, restored)
 
 
 def test_no_survivor_waits_out_a_stop_timeout(runs: dict[str, RunResult]) -> None:

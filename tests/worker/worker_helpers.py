@@ -132,7 +132,8 @@ class RunResult:
         self.run_dir = run_dir
         self.seconds = seconds
         self.leftovers = list(leftovers)
-        """Processes of the run still alive when ``nvtrain run`` had exited (then killed)."""
+        """Processes of the run still alive when ``nvtrain run`` had exited (then killed), and
+        the host-copy folder if ``nvtrain run`` left it in /dev/shm (then removed)."""
 
     @property
     def events(self) -> list[dict[str, Any]]:
@@ -208,6 +209,11 @@ def run_nvtrain(policy: Path, run_id: str, checkpoint_dir: Path, cwd: Path, time
         # nvtrain keeps the resolved policy in <tmp>/nvtrain-<run id>-node0-<its pid>; only this
         # launcher's is removed (another run of the same id may be using its own).
         shutil.rmtree(Path(tempfile.gettempdir()) / f"nvtrain-{run_id}-node0-{proc.pid}", ignore_errors=True)
+        # ... and the ranks' host copies in /dev/shm (the default [checkpoint] memory_dir).
+        host_copies = Path("/dev/shm") / f"nvtrain-{run_id}-node0-{proc.pid}"
+        if host_copies.exists():
+            leftovers.append(f"host copies {host_copies}: {sorted(p.name for p in host_copies.iterdir())}")
+            shutil.rmtree(host_copies, ignore_errors=True)
     output = out_path.read_text(encoding="utf-8", errors="replace")
     return RunResult(code, output, checkpoint_dir / run_id, time.monotonic() - started, leftovers)
 

@@ -78,6 +78,16 @@ def command(
             "--shm-size", metavar="QUANTITY", help="Size of /dev/shm (memory).", rich_help_panel=_POD
         ),
     ] = "16Gi",
+    state_per_rank: Annotated[
+        str | None,
+        typer.Option(
+            "--state-per-rank",
+            metavar="QUANTITY",
+            help="Checkpoint state (model + optimizer) of one rank: adds memory for the 2 host "
+            "copies per rank that [checkpoint] memory_dir keeps.",
+            rich_help_panel=_POD,
+        ),
+    ] = None,
     checkpoint_pvc: Annotated[
         str | None,
         typer.Option(
@@ -139,6 +149,7 @@ def command(
         memory=memory,
         checkpoint_pvc=checkpoint_pvc,
         shm_size=shm_size,
+        state_per_rank=state_per_rank,
         backoff_limit=backoff_limit,
         jobset=jobset,
         labels=_pairs("--label", label),
@@ -146,6 +157,8 @@ def command(
         node_selector=_pairs("--node-selector", node_selector),
     )
     rendered = manifest_from_file(policy, options)
+    for note in rendered.notes:
+        typer.echo(f"nvtrain: note: {note}", err=True)
     if output is None:
         typer.echo(rendered.text, nl=False)
         return

@@ -487,6 +487,16 @@ def _checkpoint(p: Policy) -> Iterator[Finding]:
             "must be an absolute path (workers may start in another directory)",
             f'e.g. dir = "/checkpoints/{_suggest_label(p.job.name)}"',
         )
+    if c.memory_dir and (not c.memory_dir.startswith("/") or "\0" in c.memory_dir):
+        yield _f(
+            "error",
+            "checkpoint-memory-dir",
+            "checkpoint",
+            "memory_dir",
+            c.memory_dir,
+            "must be an absolute path (a memory-backed folder such as /dev/shm), or empty",
+            'use memory_dir = "/dev/shm", or memory_dir = "" to keep the copy in the worker only',
+        )
     if c.async_ and c.keep < 2:
         yield _f(
             "error",

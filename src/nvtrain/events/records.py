@@ -312,6 +312,8 @@ class CheckpointRestored(Event):
     """``storage`` or ``memory``."""
     seconds: float | None = None
     bytes: int | None = None
+    memory_problem: str | None = None
+    """Why a storage restore did not use the host copy that ``nvtrain run`` keeps in memory."""
 
     @property
     def from_storage(self) -> bool:

@@ -66,6 +66,7 @@ def build_plan(
     policy_path: str,
     events_path: str,
     extra_args: tuple[str, ...] = (),
+    host_copy_path: str | None = None,
 ) -> LaunchPlan:
     """ft_launcher's command line and extra environment for this node."""
     r, hb, job = policy.rendezvous, policy.heartbeat, policy.job
@@ -126,6 +127,8 @@ def build_plan(
         "NVTRAIN_NODE_RANK": str(identity.node_rank),
         "GROUP_RANK": str(identity.node_rank),
     }
+    if host_copy_path:  # where the workers keep the staged copy a replaced worker restores from
+        env["NVTRAIN_HOST_COPY_DIR"] = host_copy_path
     # The in-process layer polls its stores every second; c10d logs each poll timeout.
     defaults = {"TORCH_CPP_LOG_LEVEL": "ERROR"}
     if policy.restart.in_process.enabled and job.backend != "gloo":

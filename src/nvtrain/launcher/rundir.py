@@ -23,7 +23,15 @@ from nvtrain.launcher.identity import Identity
 from nvtrain.launcher.plan import LaunchPlan, build_plan
 from nvtrain.nvrx import NvrxVersion, installed_nvrx
 
-__all__ = ["RunPaths", "os_error_text", "prepare", "unwritable_run_dir", "write_state"]
+__all__ = [
+    "RunPaths",
+    "host_copy_dir",
+    "os_error_text",
+    "prepare",
+    "remove_state",
+    "unwritable_run_dir",
+    "write_state",
+]
 
 _PROBE_BYTES = 64 << 10
 """Written (and synced) into the run's folder at start: a full volume fails here, not later."""
@@ -39,6 +47,17 @@ class RunPaths:
     state_dir: Path
     """Node-local: the resolved policy handed to the workers."""
     policy: Path
+    host_copy: Path | None = None
+    """Node-local, memory-backed (``[checkpoint] memory_dir``): each rank's staged checkpoint,
+    kept for the workers that replace it; None when the policy keeps no such copy."""
+
+
+def host_copy_dir(policy: Policy, identity: Identity) -> Path | None:
+    """``<memory_dir>/nvtrain-<run id>-node<N>-<pid>``, when async saves keep a host copy."""
+    c = policy.checkpoint
+    if not (c.async_ and c.in_memory and c.memory_dir):
+        return None
+    return Path(c.memory_dir) / f"nvtrain-{identity.run_id}-node{identity.node_rank}-{os.getpid()}"
 
 
 def prepare(
@@ -60,7 +79,8 @@ def prepare(
     # One folder per launcher process: a second launcher of the same run and node on this
     # machine (a test, a stray local start) must not overwrite or delete this one's policy.
     state = Path(tempfile.gettempdir()) / f"nvtrain-{identity.run_id}-node{identity.node_rank}-{os.getpid()}"
-    paths = RunPaths(run_dir, run_dir / "events.jsonl", state, state / "policy.json")
+    host = host_copy_dir(policy, identity)
+    paths = RunPaths(run_dir, run_dir / "events.jsonl", state, state / "policy.json", host)
     plan = build_plan(
         policy,
         identity,
@@ -69,6 +89,7 @@ def prepare(
         policy_path=str(paths.policy),
         events_path=str(paths.events),
         extra_args=extra_args,
+        host_copy_path=str(host) if host else None,
     )
     return plan, paths
 
@@ -97,6 +118,24 @@ def write_state(policy: Policy, paths: RunPaths) -> None:
             f"cannot write the run's state folder {paths.state_dir} in $TMPDIR: {os_error_text(exc)}",
             "free space in $TMPDIR, or point TMPDIR at a writable folder with room",
         ) from None
+    if paths.host_copy is not None:
+        try:
+            paths.host_copy.mkdir(mode=0o700, parents=False, exist_ok=True)
+        except OSError as exc:
+            shutil.rmtree(paths.state_dir, ignore_errors=True)
+            raise UsageError(
+                f"[checkpoint] memory_dir = {json.dumps(policy.checkpoint.memory_dir)}: cannot make "
+                f"the folder {paths.host_copy}: {os_error_text(exc)}",
+                "mount memory-backed storage there (an emptyDir with medium: Memory at /dev/shm), "
+                'or set memory_dir = "" to keep the copy in the worker only',
+            ) from None
+
+
+def remove_state(paths: RunPaths) -> None:
+    """Remove this node's state folder and host copies (the run has ended)."""
+    shutil.rmtree(paths.state_dir, ignore_errors=True)
+    if paths.host_copy is not None:
+        shutil.rmtree(paths.host_copy, ignore_errors=True)
 
 
 def _probe(folder: Path) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -50,7 +49,7 @@ from nvtrain.launcher.identity import Identity
 from nvtrain.launcher.outcome import Outcome, decide, write_termination_log
 from nvtrain.launcher.plan import LaunchPlan
 from nvtrain.launcher.process import Child, become_subreaper, kill_all
-from nvtrain.launcher.rundir import RunPaths, prepare, unwritable_run_dir, write_state
+from nvtrain.launcher.rundir import RunPaths, prepare, remove_state, unwritable_run_dir, write_state
 from nvtrain.launcher.watch import Watch
 from nvtrain.nvrx import NvrxVersion, installed_nvrx
 
@@ -380,7 +379,7 @@ def supervise(
                 metrics.close()
             raise unwritable_run_dir(policy, paths.run_dir, exc) from None
     except BaseException:
-        shutil.rmtree(paths.state_dir, ignore_errors=True)
+        remove_state(paths)
         raise
     try:
         supervisor = Supervisor(
@@ -398,7 +397,7 @@ def supervise(
         become_subreaper()
         return supervisor.run()
     finally:
-        shutil.rmtree(paths.state_dir, ignore_errors=True)
+        remove_state(paths)
         if metrics:
             metrics.close()
 

@@ -12,14 +12,15 @@ the live metrics all read a run through ``RunLog``.
   attempt, every rank merged), with their logged steps and the time per step between them;
   ``step_times``, the step times the workers logged.
 * ``commits``, ``saves``, ``save_blocks``, ``save_writes``, ``save_waits``, ``loads``
-  (``checkpoints``).
+  (``checkpoints``; ``loads_by_origin`` and ``recovery_origins`` split the loads and the
+  recoveries by where they read from).
 * the run's ``run_id``, ``nodes``, ``ranks``, ``exit_code``, ``last_worker_ts``, ``ended``.
 
 Nothing here reads a bare dict or raises on odd values: every record was type-checked when it
 was parsed (``nvtrain.events.records.from_fields``).
 """
 
-from nvtrain.runlog.checkpoints import WAITED, Saves
+from nvtrain.runlog.checkpoints import ORIGINS, WAITED, Origin, Saves, loads_by_origin, recovery_origins
 from nvtrain.runlog.files import EVENTS_FILE, events_file, read_log
 from nvtrain.runlog.kinds import restore_origin
 from nvtrain.runlog.log import RunLog
@@ -28,13 +29,17 @@ from nvtrain.runlog.steps import Stretch
 
 __all__ = [
     "EVENTS_FILE",
+    "ORIGINS",
     "WAITED",
     "Layer",
+    "Origin",
     "Recovery",
     "RunLog",
     "Saves",
     "Stretch",
     "events_file",
+    "loads_by_origin",
     "read_log",
+    "recovery_origins",
     "restore_origin",
 ]

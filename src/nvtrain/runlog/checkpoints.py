@@ -17,17 +17,26 @@ from nvtrain.events.records import (
     Event,
 )
 from nvtrain.runlog.kinds import COMMITS, REJECTIONS, duration, restore_origin
+from nvtrain.runlog.recoveries import Recovery
 
 __all__ = [
+    "ORIGINS",
     "WAITED",
+    "Origin",
     "Saves",
     "find_commits",
     "find_saves",
     "load_times",
+    "loads_by_origin",
+    "recovery_origins",
     "save_block_times",
     "save_wait_times",
     "save_write_times",
 ]
+
+Origin = Literal["memory", "storage"]
+"""Where a checkpoint load read from."""
+ORIGINS: tuple[Origin, ...] = ("memory", "storage")
 
 WAITED = 0.01
 """A save that waited longer than this (seconds) for the previous write counts as waiting."""
@@ -167,16 +176,35 @@ def save_wait_times(events: Sequence[Event]) -> tuple[float, ...]:
     )
 
 
-def load_times(events: Sequence[Event]) -> tuple[tuple[float, ...], Literal["storage", "memory"] | None]:
+def load_times(events: Sequence[Event]) -> tuple[tuple[float, ...], Origin | None]:
     """``seconds`` of the checkpoint loads from storage (from host memory when none read storage;
     a load that does not say counts as one from storage), and where they read from."""
-    restored = [e for e in events if isinstance(e, CheckpointRestored)]
+    loads = loads_by_origin(events)
     for origin in ("storage", "memory"):
-        values = tuple(
-            v
-            for e in restored
-            if (restore_origin(e) or "storage") == origin and (v := duration(e.seconds)) is not None
-        )
-        if values:
-            return values, origin
+        if loads[origin]:
+            return loads[origin], origin
     return (), None
+
+
+def loads_by_origin(events: Sequence[Event]) -> dict[Origin, tuple[float, ...]]:
+    """``seconds`` of every checkpoint load, per origin (each of ``ORIGINS``; a load that does
+    not say counts as one from storage)."""
+    loads: dict[Origin, list[float]] = {origin: [] for origin in ORIGINS}
+    for e in events:
+        if isinstance(e, CheckpointRestored) and (seconds := duration(e.seconds)) is not None:
+            loads[_origin(restore_origin(e))].append(seconds)
+    return {origin: tuple(values) for origin, values in loads.items()}
+
+
+def recovery_origins(recoveries: Sequence[Recovery]) -> dict[Origin, int]:
+    """How many of ``recoveries`` loaded a checkpoint from each origin (each of ``ORIGINS``;
+    one that does not say counts as one from storage); those that loaded none are left out."""
+    counts: dict[Origin, int] = dict.fromkeys(ORIGINS, 0)
+    for r in recoveries:
+        if r.restored is not None:
+            counts[_origin(r.restored_from)] += 1
+    return counts
+
+
+def _origin(where: str | None) -> Origin:
+    return "memory" if where == "memory" else "storage"

@@ -79,6 +79,8 @@ _VALUES: dict[str, dict[str, str]] = {
         "interval": "200",
         "async": "true",
         "in_memory": "true",
+        "memory_dir": '"/dev/shm"',
+        "write_threads": "4",
         "keep": "3",
         "finish_in_flight": "true",
     },

@@ -25,6 +25,7 @@ import hashlib
 import math
 import re
 from collections.abc import Mapping
+from fractions import Fraction
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -42,6 +43,7 @@ __all__ = [
     "CONTROL_CONTAINER",
     "CONTROL_RESOURCES",
     "GRACE_MARGIN",
+    "HOST_COPY_SLOTS",
     "NEVER_RETRY",
     "POLICY_FILE",
     "POLICY_MOUNT",
@@ -51,7 +53,11 @@ __all__ = [
     "dump",
     "grace_period",
     "has_control_job",
+    "host_copy_bytes",
+    "keeps_host_copy",
     "manifest_from_file",
+    "notes",
+    "ranks_per_pod",
     "render",
     "selector",
 ]
@@ -105,22 +111,33 @@ _LABEL_VALUE = re.compile(rf"{_LABEL_NAME}?")
 _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
 _QUANTITY = re.compile(r"([0-9]+(\.[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_FACTOR = {
-    None: 1,
-    "m": 1e-3,
-    "k": 1e3,
-    "M": 1e6,
-    "G": 1e9,
-    "T": 1e12,
-    "P": 1e15,
-    "E": 1e18,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
+_FACTOR: dict[str | None, Fraction] = {
+    None: Fraction(1),
+    "m": Fraction(1, 1000),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+    "Ki": Fraction(2**10),
+    "Mi": Fraction(2**20),
+    "Gi": Fraction(2**30),
+    "Ti": Fraction(2**40),
+    "Pi": Fraction(2**50),
+    "Ei": Fraction(2**60),
 }
+_BYTE_SUFFIXES = ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki", "E", "P", "T", "G", "M", "k")
+"""Suffixes a rendered size may take, binary first (the shortest exact form wins, ties binary)."""
+
+SHM_MOUNT = "/dev/shm"
+
+HOST_COPY_SLOTS = 2
+"""Copies of its checkpoint state that each rank keeps in ``[checkpoint] memory_dir``: the
+newest committed one stays whole while the next save is staged into the other slot."""
+
+HOST_COPY_VOLUME = "hostcopy"
+"""The memory-backed emptyDir mounted at a ``memory_dir`` outside ``/dev/shm``."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -146,6 +163,11 @@ class ManifestOptions:
     Default: ``<job name>-checkpoints``."""
     shm_size: str = "16Gi"
     """Size of the memory-backed ``/dev/shm`` (data-loader workers pass batches through it)."""
+    state_per_rank: str | None = None
+    """Checkpoint state (model + optimizer shard) of one rank, a quantity such as ``"20Gi"``.
+    When the policy keeps host copies (``keeps_host_copy``), ``HOST_COPY_SLOTS`` × this × the
+    ranks of a pod is added to ``/dev/shm`` (``memory_dir`` in it) or mounted as a memory-backed
+    emptyDir at ``memory_dir``. Unset: the sizes stay as they are and ``notes`` says so."""
     backoff_limit: int = 6
     """Pod failures the Job retries (exit codes other than 2 and 4) before it fails."""
     jobset: bool = False
@@ -283,14 +305,139 @@ def gpus(policy: Policy, options: ManifestOptions) -> int:
     return nproc
 
 
-def _check_quantity(flag: str, value: str) -> float:
+def keeps_host_copy(policy: Policy) -> bool:
+    """Whether ``nvtrain run`` keeps each rank's staged checkpoint in ``[checkpoint]
+    memory_dir``: with ``async`` and ``in_memory`` on and ``memory_dir`` not ``""``."""
+    c = policy.checkpoint
+    return c.async_ and c.in_memory and bool(c.memory_dir)
+
+
+def _known_ranks(policy: Policy, options: ManifestOptions) -> int | None:
+    nproc = policy.job.nproc_per_node
+    if isinstance(nproc, int):
+        return nproc
+    if nproc == "gpu" and options.gpus_per_node:
+        return options.gpus_per_node
+    return None
+
+
+def ranks_per_pod(policy: Policy, options: ManifestOptions) -> int:
+    """Worker processes (ranks) of one pod: ``[job] nproc_per_node``, or with ``"gpu"`` the
+    GPUs of the pod (``--gpus``). ``"cpu"`` (one per CPU core of the node) cannot be known."""
+    nproc = policy.job.nproc_per_node
+    if nproc == "gpu":
+        gpus(policy, options)  # the usual error without --gpus, and its range checks
+    ranks = _known_ranks(policy, options)
+    if ranks is not None:
+        return ranks
+    if nproc == "gpu":
+        raise UsageError(
+            '[job] nproc_per_node = "gpu" with no GPUs per pod does not say how many ranks a pod '
+            "runs, so --state-per-rank cannot size the host copies",
+            "pass --gpus N (the GPUs of one node), or set nproc_per_node to a number",
+        )
+    raise UsageError(
+        '[job] nproc_per_node = "cpu" (one rank per CPU core of the node) does not say how many '
+        "ranks a pod runs, so --state-per-rank cannot size the host copies",
+        "set nproc_per_node to the number of ranks of one pod, or leave out --state-per-rank "
+        "(and size the memory yourself)",
+    )
+
+
+def _state_bytes(options: ManifestOptions) -> Fraction | None:
+    if options.state_per_rank is None:
+        return None
+    state = _check_quantity("--state-per-rank", options.state_per_rank)
+    if state <= 0:
+        raise UsageError(
+            f"--state-per-rank {options.state_per_rank!r} is not a size",
+            'give the checkpoint state (model + optimizer) of one rank, e.g. "20Gi"',
+        )
+    return state
+
+
+def host_copy_bytes(policy: Policy, options: ManifestOptions) -> Fraction | None:
+    """Memory the host copies of one pod take: ``HOST_COPY_SLOTS`` × ``--state-per-rank`` ×
+    ``ranks_per_pod``; None without ``--state-per-rank`` or when the policy keeps no copy."""
+    state = _state_bytes(options)
+    if state is None or not keeps_host_copy(policy):
+        return None
+    return HOST_COPY_SLOTS * state * ranks_per_pod(policy, options)
+
+
+def _in_shm(directory: str) -> bool:
+    path, shm = PurePosixPath(directory), PurePosixPath(SHM_MOUNT)
+    return path == shm or shm in path.parents
+
+
+def _check_quantity(flag: str, value: str) -> Fraction:
+    """The quantity ``value`` as an exact number (bytes for a memory quantity)."""
     match = _QUANTITY.fullmatch(value)
     if not match:
         raise UsageError(
             f"{flag} {value!r} is not a Kubernetes quantity",
             'write a number with an optional suffix, e.g. "500m", "16", "64Gi" or "900G"',
         )
-    return float(match.group(1)) * _FACTOR[match.group(3)]
+    return Fraction(match.group(1)) * _FACTOR[match.group(3)]
+
+
+def _quantity(count: Fraction) -> str:
+    """``count`` bytes, rounded up to whole bytes, as the shortest exact quantity (``336Gi``)."""
+    whole = math.ceil(count)
+    forms = [str(whole)] + [
+        f"{whole // int(_FACTOR[s])}{s}" for s in _BYTE_SUFFIXES if whole and whole % int(_FACTOR[s]) == 0
+    ]
+    return min(reversed(forms), key=len)
+
+
+def _shm_size(policy: Policy, options: ManifestOptions) -> str:
+    """``sizeLimit`` of ``/dev/shm``: ``--shm-size``, plus the host copies when they live there."""
+    host = host_copy_bytes(policy, options)
+    if host is None or not _in_shm(policy.checkpoint.memory_dir):
+        return options.shm_size
+    return _quantity(_check_quantity("--shm-size", options.shm_size) + host)
+
+
+def _host_copy_volume(policy: Policy, options: ManifestOptions) -> str | None:
+    """``sizeLimit`` of the emptyDir mounted at a ``memory_dir`` outside ``/dev/shm``, or None
+    when there is none (no copy, ``memory_dir`` in ``/dev/shm``, or no ``--state-per-rank``)."""
+    host = host_copy_bytes(policy, options)
+    if host is None or _in_shm(policy.checkpoint.memory_dir):
+        return None
+    return _quantity(host)
+
+
+def _check_memory_dir(policy: Policy) -> None:
+    """A ``memory_dir`` outside ``/dev/shm`` must be a mount point of its own, as the checkpoint
+    dir must (``_check``); one in ``/dev/shm`` needs no mount but must stay in it."""
+    directory = policy.checkpoint.memory_dir
+    if not keeps_host_copy(policy):
+        return
+    clean = PurePosixPath(directory)
+    key = f"[checkpoint] memory_dir {directory!r}"
+    if ".." in clean.parts:
+        raise UsageError(f"{key} contains '..'", 'use a plain absolute path such as "/dev/shm" (the default)')
+    if _in_shm(directory):
+        return
+    if _CONTROL.search(directory) or ":" in directory:
+        raise UsageError(
+            f"{key} contains a control character or ':', which Kubernetes does not allow in a "
+            "volume's mountPath",
+            'use a plain absolute path such as "/dev/shm" (the default)',
+        )
+    others = {
+        POLICY_MOUNT: PurePosixPath(POLICY_MOUNT),
+        "[checkpoint] dir": PurePosixPath(policy.checkpoint.dir),
+    }
+    overlaps = [name for name, o in others.items() if clean == o or o in clean.parents or clean in o.parents]
+    system = [PurePosixPath(p) for p in ("/dev", "/proc", "/sys")]
+    if clean == PurePosixPath("/") or any(clean == s or s in clean.parents for s in system) or overlaps:
+        raise UsageError(
+            f"{key} cannot be mounted as the memory-backed volume of the host copies: it is /, "
+            f"lies in /dev (outside /dev/shm), /proc or /sys, or overlaps {POLICY_MOUNT} or "
+            "[checkpoint] dir",
+            'use "/dev/shm" (the default) or a directory of its own, such as "/hostcopy"',
+        )
 
 
 def _check_pairs(kind: str, pairs: Mapping[str, str], key: re.Pattern[str], value: re.Pattern[str]) -> None:
@@ -357,15 +504,25 @@ def _check(policy: Policy, options: ManifestOptions) -> None:
                 f"give {flag} a count such as 6",
             )
     shm = _check_quantity("--shm-size", options.shm_size)
+    _check_memory_dir(policy)
+    host = host_copy_bytes(policy, options)
     if options.cpu is not None:
         _check_quantity("--cpu", options.cpu)
     if options.memory is not None:
         memory = _check_quantity("--memory", options.memory)
-        if shm >= memory:
+        if host is None and shm >= memory:
             raise UsageError(
                 f"--shm-size {options.shm_size} is not below --memory {options.memory}: "
                 "/dev/shm is memory-backed and counts against the pod's memory limit",
                 "lower --shm-size or raise --memory",
+            )
+        if host is not None and shm + host >= memory:
+            raise UsageError(
+                f"--shm-size {options.shm_size} plus the host copies ({HOST_COPY_SLOTS} × "
+                f"--state-per-rank {options.state_per_rank} × {ranks_per_pod(policy, options)} "
+                f"ranks = {_quantity(host)}) is {_quantity(shm + host)} of memory-backed volumes, "
+                f"not below --memory {options.memory}: they count against the pod's memory limit",
+                "raise --memory, or lower --shm-size",
             )
     for name, count in options.resources.items():
         if not _QUALIFIED.fullmatch(name) or "/" not in name:
@@ -472,7 +629,7 @@ def pod_template(
     container["volumeMounts"] = [
         {"name": "policy", "mountPath": POLICY_MOUNT, "readOnly": True},
         {"name": "checkpoints", "mountPath": policy.checkpoint.dir},
-        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "dshm", "mountPath": SHM_MOUNT},
     ]
     if _rdma(options):
         container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
@@ -486,9 +643,17 @@ def pod_template(
         "volumes": [
             {"name": "policy", "configMap": {"name": policy_configmap_name(policy, policy_text)}},
             {"name": "checkpoints", "persistentVolumeClaim": {"claimName": _pvc(policy, options)}},
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": _shm_size(policy, options)}},
         ],
     }
+    host_copy = _host_copy_volume(policy, options)
+    if host_copy is not None:
+        container["volumeMounts"].append(
+            {"name": HOST_COPY_VOLUME, "mountPath": policy.checkpoint.memory_dir}
+        )
+        spec["volumes"].append(
+            {"name": HOST_COPY_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": host_copy}}
+        )
     if options.node_selector:
         spec["nodeSelector"] = dict(options.node_selector)
     if gpus(policy, options):
@@ -739,12 +904,44 @@ def dump(objects: list[dict[str, Any]]) -> str:
     return HEADER + body
 
 
+def notes(policy: Policy, options: ManifestOptions) -> list[str]:
+    """What the user should know about the memory of the host copies (``nvtrain manifest``
+    prints each on stderr): they are kept but not sized (no ``--state-per-rank``), or
+    ``--state-per-rank`` is given for a policy that keeps none. Call after ``render``."""
+    c = policy.checkpoint
+    if not keeps_host_copy(policy):
+        if options.state_per_rank is None:
+            return []
+        reason = (
+            "async = false" if not c.async_ else "in_memory = false" if not c.in_memory else 'memory_dir = ""'
+        )
+        return [
+            f"--state-per-rank changes nothing: the policy keeps no host copy of the checkpoint "
+            f"([checkpoint] {reason})"
+        ]
+    if options.state_per_rank is not None:
+        return []
+    ranks = _known_ranks(policy, options)
+    per_rank = f"{HOST_COPY_SLOTS} × state per rank"
+    per_pod = (
+        f"{per_rank} × {ranks} ranks per pod" if ranks is not None else f"{per_rank}, each rank of a pod"
+    )
+    where = f"[checkpoint] memory_dir {c.memory_dir!r} holds the host copies of the checkpoint, {per_pod}"
+    size_it = "pass --state-per-rank QUANTITY (one rank's model + optimizer state)"
+    if _in_shm(c.memory_dir):
+        return [
+            f"{where}; /dev/shm is sized {options.shm_size} (--shm-size) without them: {size_it} to size it"
+        ]
+    return [f"{where}; no memory-backed volume is mounted there: {size_it} to mount one"]
+
+
 @dataclasses.dataclass(frozen=True)
 class Rendered:
-    """The objects of one policy and their YAML text."""
+    """The objects of one policy, their YAML text, and ``notes`` for the user."""
 
     objects: list[dict[str, Any]]
     text: str
+    notes: tuple[str, ...] = ()
 
     def summary(self) -> list[tuple[str, str]]:
         """(kind, name) of every object, in apply order."""
@@ -769,4 +966,4 @@ def manifest_from_file(path: Path, options: ManifestOptions | None = None) -> Re
     text = raw.decode("utf-8")
     _check_size(text, f"the policy file {path}")
     objects = render(result.policy, text, options)
-    return Rendered(objects, dump(objects))
+    return Rendered(objects, dump(objects), tuple(notes(result.policy, options or ManifestOptions())))

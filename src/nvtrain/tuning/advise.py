@@ -127,6 +127,10 @@ class Tuned:
                     "counts": self.measured.counts,
                     "timings": self.measured.timings.model_dump(exclude_none=True),
                     "restore_from": self.measured.restore_from,
+                    "restore_by_origin": {
+                        origin: {"loads": v.loads, "median_s": v.median, "recoveries": v.recoveries}
+                        for origin, v in self.measured.by_origin.items()
+                    },
                     "saves_waited": len(self.measured.waits),
                 }
                 if self.measured is not None
@@ -300,23 +304,61 @@ def _duration(option: str, text: str, *, zero: bool = False) -> float:
 def _restore(
     given: float | None, measured: Measured | None, origins: dict[str, str], notes: list[str]
 ) -> float:
+    """The load time per recovery: given, else measured (``_measured_restore``), else 0."""
     if given is not None:
         origins["restore"] = "given (--restore)"
         return given
-    found = measured.timings.restore if measured is not None else None
+    found = _measured_restore(measured, origins) if measured is not None else None
     if measured is None or found is None:
         origins["restore"] = "unknown: taken as 0"
         notes.append("the checkpoint load time is unknown and taken as 0; give --restore")
         return 0.0
+    notes.extend(_restore_notes(measured))
+    return found
+
+
+def _measured_restore(measured: Measured, origins: dict[str, str]) -> float | None:
+    """Each origin's median load weighted by the share of the recoveries that loaded from it;
+    without such recoveries, the median of the loads from storage (else from memory)."""
+    weighed = measured.weighed
+    per_recovery = measured.restore_per_recovery()
+    if per_recovery is not None:
+        total = sum(v.recoveries for v in weighed.values())
+        parts = [
+            f"{v.recoveries} from {o} (median {short_duration(v.median or 0.0)})" for o, v in weighed.items()
+        ]
+        origins["restore"] = f"measured: {total} {_plural(total, 'recovery', 'recoveries')}, {_and(parts)}"
+        return per_recovery
+    found = measured.timings.restore
+    if found is None:
+        return None
     origins["restore"] = (
         f"measured: median of {measured.counts['restore']} loads from {measured.restore_from}"
     )
-    if measured.restore_from == "memory":
-        notes.append(
-            "only loads from host memory were measured; after a lost node the load reads storage and "
-            "is slower: give --restore"
-        )
     return found.median
+
+
+def _restore_notes(measured: Measured) -> list[str]:
+    """What the measured load time leaves out: the loads from storage after a lost node."""
+    memory, storage = measured.by_origin.get("memory"), measured.by_origin.get("storage")
+    if memory is None or storage is None:
+        return []
+    if memory.loads and not storage.loads:
+        return [
+            "only loads from host memory were measured; a lost node or pod loads from storage (or a "
+            "peer) and is slower: give --restore"
+        ]
+    weighed = measured.weighed
+    if weighed and "storage" not in weighed and storage.median is not None:
+        return [
+            f"every recovery loaded from host memory; a lost node or pod loads from storage (median "
+            f"{short_duration(storage.median)} in this run) or a peer: give --restore when those are common"
+        ]
+    return []
+
+
+def _plural(count: int, one: str, many: str) -> str:
+    return one if count == 1 else many
 
 
 def _restart(

@@ -10,6 +10,10 @@ What each measure is made of (every rank's events count; medians and 95th percen
 * ``save_write``: ``checkpoint_committed.write_s``: staging done to checkpoint committed.
 * ``restore``: ``checkpoint_restored.seconds`` of loads from storage (from host memory when no
   load from storage was logged).
+* ``by_origin``: per origin (host memory, storage): the loads' count and median, and how many
+  recoveries (that reached a step) loaded from it. ``restore_per_recovery`` weighs each origin's
+  median by its share of those recoveries: the load a recovery of this run can expect, which
+  ``tune-interval`` uses (the first start's load follows no fault and weighs nothing).
 * ``restart_in_process`` / ``restart_in_job``: a fault or restart (the earliest before one
   recovery) to the first completed step of the next attempt. In-job when that attempt runs in
   new processes (``restart_count`` rose, the launcher saw a worker fail or restarted in job, it
@@ -22,19 +26,31 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal
 
 from nvtrain.config.timings import Measure, Timings
 from nvtrain.errors import UsageError
 from nvtrain.events.records import Event
-from nvtrain.runlog import EVENTS_FILE, Layer, Recovery, RunLog, events_file, read_log
+from nvtrain.runlog import (
+    EVENTS_FILE,
+    ORIGINS,
+    Layer,
+    Origin,
+    Recovery,
+    RunLog,
+    events_file,
+    loads_by_origin,
+    read_log,
+    recovery_origins,
+)
 
 __all__ = [
     "EVENTS_FILE",
     "Layer",
     "Measured",
+    "Origin",
+    "OriginLoads",
     "Recovery",
     "events_file",
     "measure_events",
@@ -58,6 +74,18 @@ _MISSING = {
 }
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class OriginLoads:
+    """The checkpoint loads from one origin (host memory or storage)."""
+
+    loads: int
+    """Loads logged with their seconds (every rank's, the first start's too)."""
+    median: float | None
+    """Their median seconds; None when there were none."""
+    recoveries: int
+    """Recoveries (that reached a step) whose load read from here."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Measured:
     """Timings measured from one events log, and how many samples each is made of."""
@@ -68,12 +96,31 @@ class Measured:
     """Samples per measure (keys as in ``Timings``)."""
     recoveries: tuple[Recovery, ...]
     """The recoveries that reached a step (``RunLog.recoveries``)."""
-    restore_from: Literal["storage", "memory"] | None
-    """Where the measured loads read from."""
+    restore_from: Origin | None
+    """Where the restore figure's loads read from: the origin most recoveries loaded from
+    (storage on a tie; see ``weighed``); without such recoveries, where ``timings.restore``'s
+    loads read from."""
     waits: tuple[float, ...]
     """Waits of saves for the previous write, when longer than 10 ms."""
     skipped: int = 0
     """Lines of the log that were skipped as not valid events."""
+    by_origin: Mapping[Origin, OriginLoads] = dataclasses.field(default_factory=dict)
+    """The loads and recoveries per origin (each of ``memory``, ``storage``)."""
+
+    @property
+    def weighed(self) -> dict[Origin, OriginLoads]:
+        """The origins that ``restore_per_recovery`` weighs: those that recoveries loaded from
+        and whose loads were measured."""
+        return _weighed(self.by_origin)
+
+    def restore_per_recovery(self) -> float | None:
+        """The load a recovery can expect: each origin's median weighted by the share of the
+        recoveries that loaded from it; None when no recovery loaded from a measured origin."""
+        weighed = self.weighed.values()
+        total = sum(v.recoveries for v in weighed)
+        if not total:
+            return None
+        return sum(v.recoveries * (v.median or 0.0) for v in weighed) / total
 
     def missing(self, names: Iterable[str]) -> list[tuple[str, str]]:
         """``(what is missing, fix)`` for each of ``names`` (``step``, ``save_block``,
@@ -128,7 +175,24 @@ def measure_events(events: RunLog | Iterable[Event], source: str) -> Measured:
     }
     timings = Timings(**{name: _measure(values) for name, values in samples.items()})
     counts = {name: len(values) for name, values in samples.items()}
-    return Measured(source, timings, counts, recoveries, restore_from, log.save_waits, log.skipped)
+    by_origin = _by_origin(loads_by_origin(log.events), recovery_origins(recoveries))
+    weighed = _weighed(by_origin)
+    if weighed:
+        restore_from = _most(weighed)
+    return Measured(source, timings, counts, recoveries, restore_from, log.save_waits, log.skipped, by_origin)
+
+
+def _by_origin(
+    loads: Mapping[Origin, Sequence[float]], recovered: Mapping[Origin, int]
+) -> dict[Origin, OriginLoads]:
+    return {
+        o: OriginLoads(
+            loads=len(loads[o]),
+            median=statistics.median(loads[o]) if loads[o] else None,
+            recoveries=recovered[o],
+        )
+        for o in ORIGINS
+    }
 
 
 def _measure(values: Sequence[float]) -> Measure | None:
@@ -138,3 +202,12 @@ def _measure(values: Sequence[float]) -> Measure | None:
     clean = sorted(max(v, 1e-6) for v in values)
     p95 = clean[0] if len(clean) == 1 else statistics.quantiles(clean, n=20, method="inclusive")[18]
     return Measure(median=statistics.median(clean), p95=p95, max=clean[-1])
+
+
+def _weighed(by_origin: Mapping[Origin, OriginLoads]) -> dict[Origin, OriginLoads]:
+    return {o: v for o, v in by_origin.items() if v.recoveries and v.median is not None}
+
+
+def _most(weighed: Mapping[Origin, OriginLoads]) -> Origin:
+    """The origin most recoveries loaded from, storage on a tie."""
+    return max(weighed, key=lambda o: (weighed[o].recoveries, o == "storage"))

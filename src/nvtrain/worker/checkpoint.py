@@ -6,7 +6,7 @@ Layout of one run (``<checkpoint dir>/<run id>/``)::
         __0_0.distcp ...         torch.distributed.checkpoint shards, one set per rank
         .metadata                written by the coordinator once every rank's shards are written
         extra-rank0.pt ...       per-rank state: RNG states, data-loader position, user extras
-        manifest-rank0.json ...  per-rank list of files with size and CRC-32
+        manifest-rank0.json ...  per-rank list of files with size and xxh3 digest
         COMMITTED                written last, lists every file; then the folder is renamed
     step-000140.partial-ab12cd/  a save in flight, or one whose writer died: never restored
     step-000100.rejected-ef34ab/ a step folder found corrupt or without COMMITTED: moved aside
@@ -75,6 +75,8 @@ from nvtrain.events.records import (
     CheckpointSettled,
     CheckpointStaged,
 )
+from nvtrain.worker.hostcopy import ENV as HOST_COPY_ENV
+from nvtrain.worker.hostcopy import HostCopy, Unsupported, host_copy, in_background
 from nvtrain.worker.settings import say
 
 __all__ = ["Checkpointer", "CorruptCheckpoint", "committed_steps"]
@@ -90,7 +92,20 @@ class CorruptCheckpoint(RuntimeError):
     """A committed checkpoint whose files do not match their manifests."""
 
 
+def _digest(path: Path) -> str:
+    """xxh3-64 of a file (hex): what a manifest records since the format checked at 15 GB/s;
+    zlib's CRC-32 took about 1 s per GB, on the path to every commit."""
+    import xxhash
+
+    hasher = xxhash.xxh3_64()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
 def _crc(path: Path) -> int:
+    """CRC-32 of a file: what manifests written before ``_digest`` hold."""
     crc = 0
     with path.open("rb") as handle:
         while chunk := handle.read(_CHUNK):
@@ -237,6 +252,7 @@ class _ReusedBufferStager:
     _synchronize_after_execute = False
 
     def __init__(self) -> None:
+        self.lock = threading.Lock()
         self.buffer: Any = None
         self.last_staged: Any = None
         self.signature: Any = None
@@ -257,13 +273,10 @@ class _ReusedBufferStager:
         return type(state).__name__
 
     def stage(self, state_dict: Any) -> Any:
-        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+        from torch.distributed._state_dict_utils import _copy_state_dict
 
         cuda = torch.cuda.is_available()
-        signature = self._signature(state_dict)
-        if self.buffer is None or signature != self.signature:
-            self.buffer = _create_cpu_state_dict(state_dict, pin_memory=cuda)
-            self.signature = signature
+        self.prepare(state_dict)
         staged = _copy_state_dict(state_dict, self.buffer, non_blocking=cuda)
         if cuda:
             torch.cuda.synchronize()
@@ -272,6 +285,16 @@ class _ReusedBufferStager:
 
     def synchronize_staging(self) -> None:
         return None
+
+    def prepare(self, state_dict: Any) -> None:
+        """Allocate (and pin) the buffers for ``state_dict`` now, not at the first save."""
+        from torch.distributed._state_dict_utils import _create_cpu_state_dict
+
+        signature = self._signature(state_dict)
+        with self.lock:
+            if self.buffer is None or signature != self.signature:
+                self.buffer = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
+                self.signature = signature
 
     def close(self) -> None:
         self.buffer = self.last_staged = None
@@ -307,8 +330,13 @@ class _Save:
         error: BaseException | None = None,
         io_errors: list[OSError] | None = None,
         inline: bool = False,
+        token: str = "",
     ):
         self.held = held
+        self.token = token
+        """Names this save: written into COMMITTED, and into the header of its host copy."""
+        self.host_slot: Any = None
+        """(slot, generation) of the host copy staged for this save."""
         self.io_errors = io_errors if io_errors is not None else []
         """Storage errors torch met writing this rank's shards (see ``_WatchedFileSystem``)."""
         self.step = step
@@ -325,6 +353,9 @@ class _Save:
         self.started = time.monotonic()
         self.settling = False
         self.settled = threading.Event()
+        self.sealed = threading.Event()
+        """The header of this save's host copy is written (or will not be): set before
+        ``written``."""
 
 
 class Checkpointer:
@@ -346,8 +377,15 @@ class Checkpointer:
         extra: dict[str, Any] | None = None,
         pause: Callable[[float], contextlib.AbstractContextManager[None]] | None = None,
         pause_limit: float = 3600.0,
+        run_id: str | None = None,
+        host_copy_dir: str | None = None,
+        write_threads: int = 1,
     ) -> None:
+        """``host_copy_dir`` (default: ``$NVTRAIN_HOST_COPY_DIR``, set by ``nvtrain run``) keeps
+        the staged copy in files there, so that a replacement process restores from memory."""
         self.model = model
+        self.write_threads = write_threads
+        """Threads (and files) per rank that torch's writer writes the shards with."""
         self.optimizer = optimizer
         self.run_dir = run_dir
         self.policy = policy
@@ -369,6 +407,18 @@ class Checkpointer:
         """The newest checkpoint this attempt restored or committed."""
         self.failed_in_a_row = 0
         """Saves dropped in a row (storage errors); 0 after a commit."""
+        self.prepared = False
+        """The next save's buffers are prepared (or being prepared) in the background."""
+        self.memory_problem: str | None = None
+        """Why the restore did not use the host copy (when there is one to use)."""
+        folder = os.environ.get(HOST_COPY_ENV) if host_copy_dir is None else host_copy_dir
+        self.host: HostCopy | None = None
+        if folder and policy.async_ and policy.in_memory:
+            self.host = host_copy(
+                Path(folder), run_id=run_id or run_dir.name, rank=self.rank, world=self.world
+            )
+            if self.host.broken:  # said once, when it broke
+                self.host = None
 
     # -- helpers ---------------------------------------------------------------------------
     def _emit(self, event: Event) -> None:
@@ -406,6 +456,7 @@ class Checkpointer:
 
     def maybe_save(self, step: int) -> bool:
         if not self.due(step):
+            self.prepare()
             return False
         self.save(step)
         return True
@@ -419,7 +470,8 @@ class Checkpointer:
         t0 = time.monotonic()
         self.wait()  # the previous save is finalized before the next starts
         waited = time.monotonic() - t0
-        folder = self.run_dir / f"step-{step:06d}.partial-{self._broadcast_token()}"
+        token = self._broadcast_token()
+        folder = self.run_dir / f"step-{step:06d}.partial-{token}"
         # A storage error here is kept for wait(): this rank still takes part in the save's
         # collectives (torch's fail on every rank together), and the save is then dropped.
         failed: OSError | None = None
@@ -428,7 +480,10 @@ class Checkpointer:
         except OSError as exc:
             failed = exc
         self._emit(CheckpointBegin(step=step, waited_for_previous_s=round(waited, 6)))
-        _IN_MEMORY.pop(str(self.run_dir), None)  # the staging buffers are about to change
+        if self.host is None:
+            _IN_MEMORY.pop(str(self.run_dir), None)  # the staging buffers are about to change
+        else:
+            self.host.keep = self.newest_committed  # its slot is kept; the other is restaged
         state = self._state()
         nbytes = _nbytes(state)
         extra_state = self._extra_state(step)
@@ -440,8 +495,10 @@ class Checkpointer:
             except OSError as exc:
                 failed = exc
         t1 = time.monotonic()
+        if self.policy.async_ and self.host is not None:
+            self._prepare_host_copy(state)
         io_errors: list[OSError] = []
-        writer = FileSystemWriter(str(folder))
+        writer = FileSystemWriter(str(folder), thread_count=self.write_threads)
         writer.fs = _WatchedFileSystem(io_errors)
         if self.policy.async_:
             response = dcp_async_save(
@@ -453,8 +510,13 @@ class Checkpointer:
             )
             future: Any = getattr(response, "upload_completion", response)
             staged = time.monotonic()
-            held = _Held(step, self.stager.last_staged, extra_state) if self.stager else None
-            save = _Save(step, folder, future, held, error=failed, io_errors=io_errors)
+            held = None
+            save = _Save(step, folder, future, held, error=failed, io_errors=io_errors, token=token)
+            if isinstance(self.stager, HostCopy) and self.stager.last is not None:
+                save.host_slot = (self.stager.last, self.stager.last.generation)
+                save.held = _Held(step, None, extra_state)
+            elif self.stager is not None:
+                save.held = _Held(step, self.stager.last_staged, extra_state)
             self._emit(
                 CheckpointStaged(
                     step=step,
@@ -473,7 +535,7 @@ class Checkpointer:
         # Sync: the loop waits for the write, the manifests and the commit. ``write_s`` is
         # that part; ``blocked_s`` is all of it.
         with self._paused():
-            save = _Save(step, folder, None, error=failed, io_errors=io_errors, inline=True)
+            save = _Save(step, folder, None, error=failed, io_errors=io_errors, inline=True, token=token)
             try:
                 dcp_save(state, checkpoint_id=str(folder), storage_writer=writer, process_group=self.group)
             except (Exception, CheckpointException) as exc:  # told, and dealt with, in wait()
@@ -494,15 +556,38 @@ class Checkpointer:
             )
         )
 
+    def _prepare_host_copy(self, state: dict[str, Any]) -> None:
+        """Map the host copy's slots for ``state`` (at once when the background preparation did);
+        a folder without room for them (a small ``/dev/shm``) or a state it cannot hold turns
+        the copy off for this process, said once: saves then stage into process memory."""
+        assert self.host is not None
+        try:
+            self.host.ready.wait()
+            self.host.prepare(state)
+        except (OSError, Unsupported) as exc:
+            say(
+                f"cannot keep the host copy in {self.host.folder}: {exc}; saves go on without it, and "
+                "a replaced worker restores from storage (give the pod's /dev/shm 2 x the state per "
+                "rank, or set [checkpoint] memory_dir)"
+            )
+            self.host.broken = True
+            self.host.release()
+            self.host = None
+            self.stager = None
+
     def _get_stager(self) -> Any:
         if self.stager is None:
-            self.stager = _ReusedBufferStager()
+            self.stager = self.host if self.host is not None else _ReusedBufferStager()
         return self.stager
 
     def _finish(self, save: _Save) -> None:
-        """Background (inline for a sync save): wait for this rank's write, write its manifest;
-        rank 0 then commits (a sync save's commit waits for ``wait``). Never raises: an error is
-        kept in ``save.error`` for ``wait``."""
+        """Background (inline for a sync save): seal this rank's host copy, wait for this rank's
+        write, write its manifest; rank 0 then commits (a sync save's commit waits for
+        ``wait``). Never raises: an error is kept in ``save.error`` for ``wait``."""
+        try:
+            self._seal(save)
+        finally:
+            save.sealed.set()
         try:
             if save.future is not None:
                 save.future.result()
@@ -514,6 +599,20 @@ class Checkpointer:
             save.written.set()
         if not save.inline:
             self._commit_once(save)
+
+    def _seal(self, save: _Save) -> None:
+        """Hash this save's host copy and write its header while the shards are written: the
+        copy is then sealed on every rank before any manifest, so a committed step always has
+        its copy. (A header of a save that is never committed names a token that no COMMITTED
+        file holds: it is never used.) Never raises."""
+        if save.host_slot is None or save.error is not None or save.held is None or self.aborted:
+            return
+        slot, generation = save.host_slot
+        try:
+            assert self.host is not None
+            self.host.seal(slot, generation, step=save.step, token=save.token, extra=save.held.extra)
+        except Exception as exc:  # the copy is only a faster restore: storage still has it
+            say(f"host copy of step {save.step} not kept: {exc!r}")
 
     def _commit_once(self, save: _Save) -> None:
         """Rank 0 commits ``save`` unless it failed somewhere; every rank then marks it done."""
@@ -536,11 +635,11 @@ class Checkpointer:
                 or (self.rank == 0 and p.name == ".metadata")
             )
         )
-        manifest = {p.name: {"size": p.stat().st_size, "crc32": _crc(p)} for p in mine}
+        manifest = {p.name: {"size": p.stat().st_size, "xxh3": _digest(p)} for p in mine}
         _write_durable(
             save.folder / f"manifest-rank{self.rank}.json", json.dumps(manifest, sort_keys=True).encode()
         )
-        if save.held is not None and save.held.state is not None:
+        if save.held is not None and save.held.state is not None and self.host is None:
             _IN_MEMORY[str(self.run_dir)] = save.held
 
     def _commit(self, save: _Save) -> None:
@@ -560,7 +659,9 @@ class Checkpointer:
             files.update(json.loads((save.folder / name).read_text()))
         _write_durable(
             save.folder / COMMITTED,
-            json.dumps({"step": save.step, "world": self.world, "files": files}, sort_keys=True).encode(),
+            json.dumps(
+                {"step": save.step, "world": self.world, "token": save.token, "files": files}, sort_keys=True
+            ).encode(),
         )
         final = _step_dir(self.run_dir, save.step)
         with _PLACING:
@@ -678,6 +779,8 @@ class Checkpointer:
         held = _IN_MEMORY.get(str(self.run_dir))
         if held is not None and held.step == save.step:
             _IN_MEMORY.pop(str(self.run_dir), None)
+        if self.host is not None:
+            self.host.forget(save.step)
         if self.rank != 0:
             return
         shutil.rmtree(save.folder, ignore_errors=True)  # nobody writes to it any more
@@ -763,7 +866,10 @@ class Checkpointer:
                 return f"{name} is missing"
             if path.stat().st_size != listed[name]["size"]:
                 return f"{name} has {path.stat().st_size} bytes, expected {listed[name]['size']}"
-            if _crc(path) != listed[name]["crc32"]:
+            entry = listed[name]
+            if ("xxh3" in entry and _digest(path) != entry["xxh3"]) or (
+                "xxh3" not in entry and _crc(path) != entry.get("crc32")
+            ):
                 return f"{name} does not match its checksum"
         return None
 
@@ -791,6 +897,30 @@ class Checkpointer:
                     self._emit(CheckpointPartial(path=str(entry), step=int(match.group(1))))
         if self._restore_from_memory(newest_committed, t0):
             return newest_committed
+        return self._restore_from_storage(steps, t0)
+
+    def prepare(self) -> threading.Event | None:
+        """Map and pin the buffers of the next save in the background once the state's layout
+        is known (the optimizer has state: reading it earlier would create it, a step of its
+        own): the first save then blocks no longer than the later ones. ``maybe_save`` calls it
+        on steps that are not due; a no-op after the first time. Returns an event set once the
+        buffers are ready (None when nothing was started)."""
+        if self.prepared or not self.policy.async_:
+            return None
+        if self.optimizer is not None and not self.optimizer.state:
+            return None
+        self.prepared = True
+        try:
+            state = self._state()
+        except Exception:  # noqa: BLE001 - the first save prepares them, and raises there
+            return None
+        stager = self._get_stager()
+        if isinstance(stager, HostCopy):
+            stager.prepare_in_background(state)
+            return stager.ready
+        return in_background(stager.prepare, state, name="nvtrain-stager")
+
+    def _restore_from_storage(self, steps: list[int], t0: float) -> int:
         with self._paused():
             for step in reversed(steps):
                 folder = _step_dir(self.run_dir, step)
@@ -809,6 +939,7 @@ class Checkpointer:
                         origin="storage",
                         seconds=round(time.monotonic() - t0, 6),
                         bytes=self._state_bytes(),
+                        memory_problem=self.memory_problem,
                     )
                 )
                 return step
@@ -831,14 +962,11 @@ class Checkpointer:
     def _restore_from_memory(self, newest: int, t0: float) -> bool:
         """After an in-process restart every rank may still hold the staged copy of the newest
         committed checkpoint: then load it from host memory instead of storage."""
+        if self.host is not None:
+            return self._restore_from_host(newest, t0)
         held = _IN_MEMORY.get(str(self.run_dir)) if self.policy.in_memory else None
         mine = held is not None and newest > 0 and held.step == newest
-        agreed = mine
-        if self.distributed:
-            flag = torch.tensor([1 if mine else 0])
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
-            agreed = bool(flag.item())
-        if not agreed or held is None:
+        if not self._everyone(mine) or held is None:
             return False
         from torch.distributed._state_dict_utils import _copy_state_dict
 
@@ -847,6 +975,44 @@ class Checkpointer:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         self._apply(restored, held.extra)
+        self.last_saved = self.newest_committed = newest
+        self._emit(
+            CheckpointRestored(
+                step=newest, origin="memory", seconds=round(time.monotonic() - t0, 6), bytes=_nbytes(live)
+            )
+        )
+        return True
+
+    def _everyone(self, mine: bool) -> bool:
+        """True when ``mine`` is true on every rank."""
+        if not self.distributed:
+            return mine
+        flag = torch.tensor([1 if mine else 0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(flag.item())
+
+    def _restore_from_host(self, newest: int, t0: float) -> bool:
+        """Load the host copy of the newest committed checkpoint that this pod's files hold (see
+        ``hostcopy``), when every rank has a good one; else note why for the storage restore."""
+        assert self.host is not None
+        slot, why = None, "no checkpoint committed yet"
+        live: Any = None
+        if newest > 0:
+            token: str | None = None
+            with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+                committed = json.loads((_step_dir(self.run_dir, newest) / COMMITTED).read_text())
+                token = committed.get("token")
+            try:
+                live = self._state()
+                slot, why = self.host.find(step=newest, token=token, state=live)
+            except Unsupported as exc:
+                why = str(exc)
+        agreed = self._everyone(slot is not None)
+        if not agreed or slot is None:
+            self.memory_problem = why or "another rank has no usable copy"
+            return False
+        state, extra = self.host.load(slot, live)
+        self._apply(state, extra)
         self.last_saved = self.newest_committed = newest
         self._emit(
             CheckpointRestored(

@@ -101,6 +101,8 @@ class Context:
             extra=extra,
             pause=self.section,
             pause_limit=max(hb.initial_timeout, hb.timeout),
+            run_id=self.run_id,
+            write_threads=self.policy.checkpoint.write_threads,
         )
         self.start_step = self._checkpointer.restore()
         self.heartbeat.beat()
