@@ -6,6 +6,8 @@ in-process restart off, so every fault is an in-job restart):
   memory    `[checkpoint] memory_dir = "/dev/shm"` (the default): a replaced worker restores the
             staged copy that outlived its predecessor
   storage   `memory_dir = ""`: the copy dies with the worker; the restore reads the checkpoint
+  warm      as memory, and `[job] warm_start = true`: the replacement workers are forked from an
+            interpreter that has torch and the script's imports loaded already
 
 Per incident, from `nvtrain report --json`: SIGKILL -> next completed step and its phases
 (detection, teardown, rendezvous, start, restore, first step: "restore" runs from the worker's
@@ -121,8 +123,10 @@ def main() -> None:
     for repeat in range(args.repeats):
         for arm in args.arms.split(","):
             text = policy_text("in-job", "async", args, ckpt, free_port())
-            memory_dir = args.memory_dir if arm == "memory" else ""
+            memory_dir = "" if arm == "storage" else args.memory_dir
             text = text.replace("keep = 2\n", f'keep = 2\nmemory_dir = "{memory_dir}"\n', 1)
+            if arm == "warm":
+                text = text.replace("[rendezvous]", "warm_start = true\n\n[rendezvous]", 1)
             run_id = f"{arm}-{repeat}-{int(time.time())}"
             policy = args.out / f"{arm}-{repeat}.toml"
             policy.write_text(text)
@@ -185,9 +189,10 @@ def summary(results: dict[str, Any]) -> str:
             + f" | {med(loads['memory'])} / {med(loads['storage'])}"
             + f" | {med(firsts)} | {med(later)} | {med(rates)} |"
         )
-    if medians.get("memory") and medians.get("storage"):
-        rows.append("")
-        rows.append(f"memory / storage median recovery: x{medians['memory'] / medians['storage']:.2f}")
+    rows.append("")
+    for arm in ("memory", "warm"):
+        if medians.get(arm) and medians.get("storage"):
+            rows.append(f"{arm} / storage median recovery: x{medians[arm] / medians['storage']:.2f}")
     rows.append(f"checkpoint disk sequential write: {results['disk_gb_s']} GB/s")
     return "\n".join(rows)
 

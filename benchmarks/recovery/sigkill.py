@@ -236,7 +236,9 @@ def _median(values: list[float]) -> float | None:
 # --------------------------------------------------------------------------- arms
 
 
-def write_policy(path: Path, *, port: int, worker_args: list[str], faults: int, monitor: float) -> None:
+def write_policy(
+    path: Path, *, port: int, worker_args: list[str], faults: int, monitor: float, warm: bool = False
+) -> None:
     args = ", ".join(json.dumps(a) for a in worker_args)
     path.write_text(
         f"""\
@@ -247,6 +249,7 @@ script = {json.dumps(str(WORKER))}
 args = [{args}]
 nproc_per_node = 2
 collective_timeout = "60s"
+warm_start = {"true" if warm else "false"}
 
 [rendezvous]
 nodes = 1
@@ -288,9 +291,16 @@ def recovery_run(arm: str, index: int, root: Path, opts: argparse.Namespace, fau
     wargs = worker_args(rundir / "state", opts.steps, opts.step_time, fault_steps)
     port = _free_port()
     k = len(fault_steps)
-    if arm == "nvtrain":
+    if arm.startswith("nvtrain"):
         policy = rundir / "policy.toml"
-        write_policy(policy, port=port, worker_args=wargs, faults=k, monitor=opts.monitor_interval)
+        write_policy(
+            policy,
+            port=port,
+            worker_args=wargs,
+            faults=k,
+            monitor=opts.monitor_interval,
+            warm=arm == "nvtrain-warm",
+        )
         argv = [*_tool("nvtrain", "nvtrain"), "run", str(policy)]
     else:
         argv = [
@@ -424,17 +434,20 @@ def recovery_report(runs: list[Run], arms: list[str], fault_steps: list[int], st
             f"| {_fmt(s['max_s'])} | {phases} | {', '.join(f'{w:.1f}' for w in s['wall_s'])} |"
         )
     lines.append("")
-    for key, label in (("recovery_s", "recovery"), *PHASES):
-        a, b = (
-            summary[arm]["median_s"] if key == "recovery_s" else summary[arm]["phase_median_s"][key]
-            for arm in arms
-        )
-        ratio = a / b if a is not None and b else None
-        summary["ratio_median" if key == "recovery_s" else f"ratio_median_{key}"] = ratio
-        lines.append(
-            f"- median {label}: {arms[0]} {_fmt(a)} s, {arms[1]} {_fmt(b)} s, "
-            f"ratio {arms[0]}/{arms[1]} {_fmt(ratio, 3)}"
-        )
+    base = arms[-1]  # torchrun: every other arm is compared with it
+    for arm in arms[:-1]:
+        suffix = "" if arm == "nvtrain" else f"_{arm}"
+        for key, label in (("recovery_s", "recovery"), *PHASES):
+            a, b = (
+                summary[x]["median_s"] if key == "recovery_s" else summary[x]["phase_median_s"][key]
+                for x in (arm, base)
+            )
+            ratio = a / b if a is not None and b else None
+            summary[("ratio_median" if key == "recovery_s" else f"ratio_median_{key}") + suffix] = ratio
+            lines.append(
+                f"- median {label}: {arm} {_fmt(a)} s, {base} {_fmt(b)} s, "
+                f"ratio {arm}/{base} {_fmt(ratio, 3)}"
+            )
     lines.append("")
     labels = " | ".join(label for _, label in PHASES)
     lines.append(f"| run | arm | fault step | {labels} | recovery | resumed at step |")
@@ -557,6 +570,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=240.0, help="limit per run (s)")
     parser.add_argument("--shared-store", action="store_true", help="keep torch's shared rendezvous store")
     parser.add_argument("--json", type=Path, help="write every measurement here")
+    parser.add_argument(
+        "--warm", action="store_true", help="add the arm nvtrain-warm: `nvtrain run` with [job] warm_start"
+    )
     parser.add_argument("--keep", type=Path, help="keep logs and policies in this directory")
     opts = parser.parse_args(argv)
     if opts.faults < 1 or opts.faults >= opts.steps:
@@ -581,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     recovery: list[Run] = []
     startup: list[Run] = []
-    arms = ["nvtrain", "torchrun"]
+    arms = ["nvtrain", *(["nvtrain-warm"] if opts.warm else []), "torchrun"]
     try:
         for i in range(opts.repeats):
             for arm in arms if i % 2 == 0 else arms[::-1]:

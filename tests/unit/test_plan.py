@@ -535,3 +535,28 @@ def _state_dir_in_another_process(checkpoint_dir: str) -> str:
         {"job": {"name": "llm-train", "script": "train.py"}, "checkpoint": {"dir": checkpoint_dir}}
     )
     return str(prepare(policy, standalone_identity(), nvrx=V041)[1].state_dir)
+
+
+def test_warm_start_runs_the_client_and_plans_the_server() -> None:
+    policy = standalone_policy()
+    policy = policy.model_copy(update={"job": policy.job.model_copy(update={"warm_start": True})})
+    plan = build_plan(
+        policy,
+        standalone_identity(),
+        V070,
+        python="python3",
+        policy_path=POLICY_PATH,
+        events_path=EVENTS_PATH,
+        extra_args=("--lr", "0.1"),
+        zygote_path="/tmp/state/zygote.sock",
+    )
+    tail = plan.argv[plan.argv.index("nvtrain.zygote.client") - 1 :]
+    assert tail == ["-m", "nvtrain.zygote.client", "train.py", *policy.job.args, "--lr", "0.1"]
+    assert plan.env["NVTRAIN_ZYGOTE"] == "/tmp/state/zygote.sock"
+    server = ["python3", "-m", "nvtrain.zygote.server", "--socket", "/tmp/state/zygote.sock"]
+    assert plan.zygote == [*server, "--script", "train.py"]
+    # Off (the default), or without a socket path: the script is ft_launcher's entrypoint.
+    cold = plan_for(standalone_policy(), standalone_identity(), V070)
+    assert (
+        cold.zygote is None and "NVTRAIN_ZYGOTE" not in cold.env and "nvtrain.zygote.client" not in cold.argv
+    )

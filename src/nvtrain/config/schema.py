@@ -67,6 +67,13 @@ class Job(BaseModel):
     """Path of the training script each worker runs (like `torchrun train.py`). Give either
     `script` or `module`."""
 
+    warm_start: bool = False
+    """Start workers warm: `nvtrain run` keeps an interpreter with torch, NVRx and the script's
+    imports loaded (CUDA not initialised) and forks each worker from it, so a worker that
+    replaces a killed one skips the interpreter start and the imports. Signals, exit codes and
+    output are the worker's own, as ft_launcher expects; a worker starts cold when the server is
+    not ready."""
+
     module: str | None = None
     """Python module each worker runs (like `python -m mypkg.train`). Give either `script` or
     `module`."""

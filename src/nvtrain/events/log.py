@@ -41,7 +41,14 @@ class EventLog:
 
     def __init__(self, path: Path, **common: Any) -> None:
         self.path = path
-        self.common = {"host": socket.gethostname(), "pid": os.getpid(), **common}
+        # A warm-started worker is known to ft_launcher by the pid of the client that stands in
+        # for it (nvtrain.zygote): its events carry that pid.
+        pid = os.environ.get("NVTRAIN_PID", "")
+        self.common = {
+            "host": socket.gethostname(),
+            "pid": int(pid) if pid.isdigit() else os.getpid(),
+            **common,
+        }
         self.report: Reporter | None = None
         self.dropped = 0
         """Events dropped since the last write that succeeded (with ``report`` only)."""

@@ -169,6 +169,9 @@ class WorkerStart(Event):
 
     restart_count: int | None = None
     """ft_launcher's restart round (``TORCHELASTIC_RESTART_COUNT``): 0 for the first processes."""
+    warm: bool | None = None
+    """Forked from the warm-start server (``[job] warm_start``); its ``pid`` is then the one
+    ft_launcher knows (the client's)."""
 
 
 @_event("attempt_start")

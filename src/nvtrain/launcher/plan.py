@@ -19,6 +19,8 @@ from nvtrain.nvrx import NvrxVersion
 __all__ = ["LAUNCHER_MODULE", "LaunchPlan", "build_plan", "rendezvous_id"]
 
 LAUNCHER_MODULE = "nvidia_resiliency_ext.fault_tolerance.launcher"
+ZYGOTE_CLIENT = "nvtrain.zygote.client"
+ZYGOTE_SERVER = "nvtrain.zygote.server"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +38,8 @@ class LaunchPlan:
     """Seconds between forwarding SIGTERM and killing what is left."""
     env_defaults: dict[str, str] = dataclasses.field(default_factory=dict)
     """Environment for the workers unless the pod's environment sets it already."""
+    zygote: list[str] | None = None
+    """The warm-start server's argv (``[job] warm_start``), started before ft_launcher."""
 
     def shell(self) -> str:
         """The plan as one shell command line (environment first)."""
@@ -67,6 +71,7 @@ def build_plan(
     events_path: str,
     extra_args: tuple[str, ...] = (),
     host_copy_path: str | None = None,
+    zygote_path: str | None = None,
 ) -> LaunchPlan:
     """ft_launcher's command line and extra environment for this node."""
     r, hb, job = policy.rendezvous, policy.heartbeat, policy.job
@@ -114,11 +119,16 @@ def build_plan(
             argv.append("--ft-enable-nic-healthcheck=false")
         if not identity.has_gpu:
             argv.append("--ft-gpu-memory-reclaim-timeout=0")
-    if job.module is not None:
-        argv += ["-m", job.module]
+    target = ["-m", job.module] if job.module is not None else [str(job.script)]
+    zygote: list[str] | None = None
+    if job.warm_start and zygote_path:
+        # Workers are forked from a warm interpreter (nvtrain.zygote); the client stands in
+        # for each one towards ft_launcher.
+        argv += ["-m", ZYGOTE_CLIENT, *target]
+        zygote = [python, "-m", ZYGOTE_SERVER, "--socket", zygote_path]
+        zygote += ["--module", str(job.module)] if job.module is not None else ["--script", str(job.script)]
     else:
-        assert job.script is not None  # guaranteed by validation
-        argv.append(job.script)
+        argv += target
     argv += [*job.args, *extra_args]
     env = {
         "NVTRAIN_POLICY": policy_path,
@@ -129,10 +139,12 @@ def build_plan(
     }
     if host_copy_path:  # where the workers keep the staged copy a replaced worker restores from
         env["NVTRAIN_HOST_COPY_DIR"] = host_copy_path
+    if zygote is not None and zygote_path:
+        env["NVTRAIN_ZYGOTE"] = zygote_path
     # The in-process layer polls its stores every second; c10d logs each poll timeout.
     defaults = {"TORCH_CPP_LOG_LEVEL": "ERROR"}
     if policy.restart.in_process.enabled and job.backend != "gloo":
         # What NVRx's in-process restart needs from NCCL: errors raised, not fatal, and no
         # NVLink SHARP (multicast) communicators, which cannot be aborted.
         defaults.update({"TORCH_NCCL_RETHROW_CUDA_ERRORS": "0", "NCCL_NVLS_ENABLE": "0"})
-    return LaunchPlan(argv, env, endpoint, is_host, wait_for, job.stop_timeout, defaults)
+    return LaunchPlan(argv, env, endpoint, is_host, wait_for, job.stop_timeout, defaults, zygote)

@@ -90,6 +90,7 @@ def prepare(
         events_path=str(paths.events),
         extra_args=extra_args,
         host_copy_path=str(host) if host else None,
+        zygote_path=str(state / "zygote.sock"),
     )
     return plan, paths
 

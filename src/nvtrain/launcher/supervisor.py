@@ -168,6 +168,13 @@ class Supervisor:
         stops ft_launcher's tree should this process die without doing it (SIGKILL)."""
         return Child(self.plan.argv, self.env, capture=True, guard=self.plan.stop_timeout + STOP_GRACE)
 
+    def start_zygote(self) -> Child | None:
+        """Start the warm-start server (``plan.zygote``), if the policy asks for one, in a
+        session of its own; it goes with the leftovers once ft_launcher has exited."""
+        if not self.plan.zygote:
+            return None
+        return Child(self.plan.zygote, self.env, capture=False, guard=self.plan.stop_timeout + STOP_GRACE)
+
     def kill_leftovers(self) -> list[int]:
         """Stop every descendant left once ft_launcher has exited; returns the pids killed."""
         return kill_all(timeout=2.0)
@@ -282,6 +289,7 @@ class Supervisor:
 
     def _run_launcher(self) -> int:
         self.watch.launcher_started()
+        self.start_zygote()
         launcher = self.start_launcher()
         self.launcher = launcher
         self.emit(LauncherStarted(launcher_pid=launcher.pid))

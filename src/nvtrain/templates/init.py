@@ -41,6 +41,7 @@ _VALUES: dict[str, dict[str, str]] = {
         "name": '"my-training"',
         "script": '"train.py"',
         "module": '"mypkg.train"',
+        "warm_start": "false",
         "args": '["--width", "256"]',
         "nproc_per_node": "8",
         "max_steps": "2000",

@@ -192,7 +192,11 @@ def run(main: Main) -> Any:
     heartbeat.start(startup_limit=policy.heartbeat.initial_timeout)
     if events is not None:
         events.emit(
-            WorkerStart(rank=rank, restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+            WorkerStart(
+                rank=rank,
+                restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                warm=True if os.environ.get("NVTRAIN_PID") else None,
+            )
         )
 
     def settle_for_stop(_signum: int) -> None:

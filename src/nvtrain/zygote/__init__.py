@@ -1,0 +1,18 @@
+"""Warm starts: replacement workers forked from an interpreter that has torch imported already.
+
+``nvtrain run`` with ``[job] warm_start = true`` starts one server per pod (``server``) that
+imports torch, NVRx, nvtrain's worker library and the training script's own imports, then waits
+on a Unix socket; CUDA is never initialised there. ft_launcher's worker command becomes the
+client (``python -m nvtrain.zygote.client SCRIPT ARGS``), a small program of the standard
+library only: it hands the server its argv, environment, working directory and its stdin,
+stdout and stderr, and the server forks a worker that runs the script with them. To ft_launcher
+the client *is* the worker: it passes on every signal it gets, and exits with the worker's exit
+code (or dies of the worker's signal). When the client dies (SIGKILL), the server kills its
+worker; when the server is not there (still importing, or gone), the client runs the script
+itself, as a cold start.
+"""
+
+ENV = "NVTRAIN_ZYGOTE"
+"""The server's socket path, in the workers' environment."""
+
+__all__ = ["ENV"]

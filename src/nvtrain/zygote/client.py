@@ -1,0 +1,133 @@
+"""The worker command under a warm start: ``python -m nvtrain.zygote.client [-m MODULE | SCRIPT] ARGS``.
+
+Asks the server named by ``$NVTRAIN_ZYGOTE`` for a worker forked from its warm interpreter,
+stands in for it (signals passed on, its exit code or signal taken as this process's own), and
+runs the script itself when no server answers. Imports the standard library only: it starts in
+a few tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import socket
+import sys
+from typing import NoReturn
+
+from nvtrain.zygote import ENV
+from nvtrain.zygote.wire import Reader, send
+
+__all__ = ["main"]
+
+FORWARDED = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGCONT,
+    signal.SIGTSTP,
+)
+
+
+def _target(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
+    """(script, module, argv as the worker sees it) from the client's arguments."""
+    if len(argv) >= 2 and argv[0] == "-m":
+        return None, argv[1], [argv[1], *argv[2:]]
+    if not argv:
+        raise SystemExit("usage: python -m nvtrain.zygote.client [-m MODULE | SCRIPT] [ARGS...]")
+    return argv[0], None, list(argv)
+
+
+def _cold(script: str | None, module: str | None, argv: list[str]) -> NoReturn:
+    """No server: run the script in this process, as ``python SCRIPT`` / ``python -m`` would."""
+    sys.argv = argv
+    if module is not None:
+        sys.path.insert(0, os.getcwd())
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    else:
+        assert script is not None
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+        runpy.run_path(script, run_name="__main__")
+    sys.exit(0)
+
+
+def _connect(path: str) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def _die_like(status: dict[str, object]) -> NoReturn:
+    """End this process the way the worker ended: the same exit code, or the same signal."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signum = status.get("signal")
+    if isinstance(signum, int) and signum > 0:
+        if signum not in (signal.SIGKILL, signal.SIGSTOP):  # these two cannot be handled
+            signal.signal(signum, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+        os.kill(os.getpid(), signum)
+    code = status.get("exit")
+    os._exit(code if isinstance(code, int) else 1)
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    script, module, worker_argv = _target(list(sys.argv[1:] if argv is None else argv))
+    path = os.environ.get(ENV, "")
+    sock = _connect(path) if path else None
+    if sock is None:
+        _cold(script, module, worker_argv)
+    # Signals that arrive before the worker exists are held, then passed on.
+    pending: list[int] = []
+    pid: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if pid:
+            try:
+                os.kill(pid[0], signum)
+            except ProcessLookupError:
+                pass
+        else:
+            pending.append(signum)
+
+    for signum in FORWARDED:
+        signal.signal(signum, forward)
+    request = {
+        "argv": worker_argv,
+        "script": script,
+        "module": module,
+        "cwd": os.getcwd(),
+        "env": {**os.environ, "NVTRAIN_PID": str(os.getpid())},
+    }
+    send(sock, request, [0, 1, 2])
+    reader = Reader(sock)
+    started = reader.read()
+    if started is None or not isinstance(started.get("pid"), int):
+        # The server went away before forking (stopped, or refused): start cold instead.
+        sock.close()
+        _cold(script, module, worker_argv)
+    pid.append(int(started["pid"]))
+    for held in pending:
+        forward(held, None)
+    while True:
+        status = reader.read()  # a forwarded signal does not interrupt it (PEP 475)
+        if status is None:  # the server died: its worker must not outlive us
+            try:
+                os.kill(pid[0], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            print(f"nvtrain warm start: the server went away; worker {pid[0]} killed", file=sys.stderr)
+            os._exit(1)
+        if "exit" in status or "signal" in status:
+            _die_like(status)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""The warm-start server: ``python -m nvtrain.zygote.server --socket PATH [--script S | --module M]``.
+
+Imports torch, NVRx, nvtrain's worker library and the training script's top-level imports,
+checks that none of that initialised CUDA or started a thread (a fork would then be unsafe:
+it refuses to serve, and every client starts cold), then listens on ``PATH``. Per request it
+forks one worker: the child takes the client's stdin/stdout/stderr, environment, working
+directory and argv, reseeds its random generators, and runs the script as ``__main__``. One
+thread only, a selector over the socket, the clients' connections and the workers' pidfds: a
+worker's end is sent to its client; a client's end (it was killed) kills its worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import atexit
+import contextlib
+import importlib
+import importlib.util
+import io
+import os
+import random
+import runpy
+import selectors
+import signal
+import socket
+import sys
+import threading
+import traceback
+from pathlib import Path
+from typing import Any, NoReturn
+
+from nvtrain.zygote.wire import Reader, send
+
+__all__ = ["main", "script_imports"]
+
+BASE = (
+    "torch",
+    "torch.distributed",
+    "torch.distributed.checkpoint",
+    "torch.distributed.checkpoint.state_dict",
+    "torch.distributed.fsdp",
+    "torch.distributed.tensor",
+    "nvidia_resiliency_ext.fault_tolerance",
+    "nvidia_resiliency_ext.inprocess",
+    "nvtrain.worker",
+    "nvtrain.worker.hostcopy",
+    "xxhash",
+)
+"""Imported by every server: what a worker of nvtrain's library imports on its way to the first
+step, much of it inside functions."""
+
+
+def script_imports(source: str) -> list[str]:
+    """The modules a script imports at its top level (absolute imports only), in order."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    names: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+    return list(dict.fromkeys(names))
+
+
+def _source(script: str | None, module: str | None) -> str:
+    with contextlib.suppress(Exception):
+        if script is not None:
+            return Path(script).read_text(encoding="utf-8")
+        if module is not None:
+            spec = importlib.util.find_spec(module)
+            if spec is not None and spec.origin and spec.origin.endswith(".py"):
+                return Path(spec.origin).read_text(encoding="utf-8")
+    return ""
+
+
+def preload(script: str | None, module: str | None) -> list[str]:
+    """Import what the workers will import; returns the names that failed to import (a worker
+    imports them itself, and fails there if it must)."""
+    failed = []
+    if script is not None:
+        sys.path.insert(0, str(Path(script).resolve().parent))
+    for name in (*BASE, *script_imports(_source(script, module))):
+        try:
+            importlib.import_module(name)
+        except BaseException:  # noqa: BLE001 - anything a module does at import is its own
+            failed.append(name)
+    return failed
+
+
+def fork_safe() -> str | None:
+    """Why forking this interpreter would be unsafe, or None."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA was initialised while importing the script's modules"
+    if threading.active_count() > 1:
+        names = ", ".join(t.name for t in threading.enumerate() if t is not threading.main_thread())
+        return f"importing the script's modules started threads ({names})"
+    return None
+
+
+def _child(request: dict[str, Any], fds: list[int], closing: list[int]) -> NoReturn:
+    """In the forked worker: become the client's process and run the script; never returns."""
+    code = 1
+    try:
+        for fd in closing:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        for target, fd in enumerate(fds[:3]):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        env = request["env"]
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(request["cwd"])
+        unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+        sys.stdout = io.TextIOWrapper(
+            io.FileIO(1, "w", closefd=False), line_buffering=True, write_through=unbuffered
+        )
+        sys.stderr = io.TextIOWrapper(
+            io.FileIO(2, "w", closefd=False), line_buffering=True, write_through=True
+        )
+        random.seed()
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch.seed()
+        sys.argv = list(request["argv"])
+        try:
+            if request.get("module"):
+                sys.path.insert(0, request["cwd"])
+                runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+            else:
+                script = request["script"]
+                sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+                runpy.run_path(script, run_name="__main__")
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if exc.code is not None and not isinstance(exc.code, int):
+                print(exc.code, file=sys.stderr)
+        except BaseException:  # noqa: BLE001 - as the interpreter does: print it, exit 1
+            traceback.print_exc()
+            code = 1
+        with contextlib.suppress(BaseException):
+            atexit._run_exitfuncs()
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+class Server:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        self.listener.bind(path + ".tmp")
+        self.listener.listen(64)
+        os.replace(path + ".tmp", path)  # clients connect only once the server is ready
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.listener, selectors.EVENT_READ, ("accept", None))
+        self.workers: dict[int, tuple[socket.socket, int]] = {}
+        """pid -> (client connection, pidfd)."""
+
+    def serve(self) -> None:
+        while True:
+            for key, _mask in self.selector.select():
+                kind, item = key.data
+                if kind == "accept":
+                    self._accept()
+                elif kind == "worker":
+                    self._ended(item)
+                else:
+                    self._client_event(item)
+
+    def _accept(self) -> None:
+        conn, _ = self.listener.accept()
+        reader = Reader(conn)
+        try:
+            request = reader.read()
+        except (OSError, ValueError):
+            request = None
+        if request is None or len(reader.fds) < 3:
+            for fd in reader.fds:
+                os.close(fd)
+            conn.close()
+            return
+        closing = [self.listener.fileno(), conn.fileno(), self.selector.fileno()]
+        closing += [c.fileno() for c, _ in self.workers.values()] + [p for _, p in self.workers.values()]
+        pid = os.fork()
+        if pid == 0:
+            _child(request, reader.fds, closing)
+        for fd in reader.fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        self.workers[pid] = (conn, pidfd)
+        self.selector.register(pidfd, selectors.EVENT_READ, ("worker", pid))
+        self.selector.register(conn, selectors.EVENT_READ, ("client", pid))
+        with contextlib.suppress(OSError):
+            send(conn, {"pid": pid})
+
+    def _ended(self, pid: int) -> None:
+        _, status = os.waitpid(pid, 0)
+        conn, pidfd = self.workers.pop(pid)
+        self.selector.unregister(pidfd)
+        self.selector.unregister(conn)
+        os.close(pidfd)
+        message = (
+            {"signal": os.WTERMSIG(status)}
+            if os.WIFSIGNALED(status)
+            else {"exit": os.waitstatus_to_exitcode(status)}
+        )
+        with contextlib.suppress(OSError):
+            send(conn, message)
+        conn.close()
+
+    def _client_event(self, pid: int) -> None:
+        conn, _ = self.workers[pid]
+        try:
+            data = conn.recv(1024)
+        except OSError:
+            data = b""
+        if not data:  # the client is gone (killed): so is its worker
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            self.selector.unregister(conn)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m nvtrain.zygote.server")
+    parser.add_argument("--socket", required=True)
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--script")
+    target.add_argument("--module")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    failed = preload(args.script, args.module)
+    if failed:
+        print(
+            f"nvtrain warm start: not preloaded (the workers import them): {', '.join(failed)}",
+            file=sys.stderr,
+        )
+    unsafe = fork_safe()
+    if unsafe is not None:
+        print(f"nvtrain warm start: off, workers start cold: {unsafe}", file=sys.stderr)
+        signal.pause()
+        return
+    server = Server(args.socket)
+    try:
+        server.serve()
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(args.socket)
+
+
+if __name__ == "__main__":
+    main()
