@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import xxhash
 
-STATE_MB = 150  # model + AdamW state of the timing tests
-SAVES = 9  # timed saves of each kind (medians: the machine may be loaded)
+STATE_MB = 25  # model + AdamW state of the async-vs-sync test
+SAVES = 4  # saves of each kind in it
 
 # torch.distributed.checkpoint warns on every save and load without a process group (world of
 # one), even with no_dist=True; that is the case these tests are about.
@@ -659,7 +659,9 @@ def test_async_save_blocks_training_much_less_than_sync(tmp_path: Path) -> None:
     for the commit (checkpoint_staged after it), and the async blocked_s is what the loop saw.
     How much less an async save blocks is a speed figure: benchmarks/checkpoint/blocked_time.py
     measures it (BENCHMARKS.md: 0.06 of a sync save's); on a loaded 2-core machine it ranged
-    from 0.06 to 0.82, so it is not asserted here."""
+    from 0.06 to 0.82, so it is not asserted here. (The order does not depend on the size: a
+    small state keeps the test short on a loaded machine, where 150 MB x 20 saves once took
+    more than its 120 s.)"""
     model, optimizer = _big_model(STATE_MB)
     logs = {mode: tmp_path / f"events-{mode}.jsonl" for mode in ("async", "sync")}
     saver = {
