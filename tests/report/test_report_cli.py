@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import struct
 import subprocess
@@ -163,6 +164,14 @@ def test_hand_built_log_in_json(tmp_path: Path) -> None:
     assert data["goodput"] == {"training": 0.6, "infrastructure": 0.72, "training_with_replays": 0.7}
     assert data["time_s"] == {"total": 100.0, "startup": 4.0, "up": 72.0, "recovering": 17.0, "shutdown": 7.0}
     assert [i["recovery_s"] for i in data["incidents"]] == [4.0, 13.0]
+
+
+def test_the_incidents_table_says_where_each_restore_read_from(tmp_path: Path) -> None:
+    path = two_recoveries().write(tmp_path / "events.jsonl")
+    printed = report(str(path), "--no-timeline").stdout
+    table = printed.split("Incidents", 1)[1].split("Recovery phases", 1)[0]
+    assert re.search(r"step→resumed\s+from\s+rolled back", table), table
+    assert re.search(r"25→20\s+memory\s", table) and re.search(r"45→40\s+storage\s", table), table
 
 
 def test_timeline_elsewhere(run_dir: Path, tmp_path: Path) -> None:
