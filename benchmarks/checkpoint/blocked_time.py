@@ -7,7 +7,7 @@ AdamW state is about --size-gb, then, alternating arms, saves it several times:
   dcp-async       torch.distributed.checkpoint.async_save with its default staging
   nvtrain-sync    nvtrain.worker.Checkpointer, async = false (the loop waits for the write)
   nvtrain-async-shm      async, staging into the host copy in --shm (files that outlive the worker)
-  nvtrain-async-4w       async, torch's writer with 4 threads (files) per rank instead of 1
+  nvtrain-async-<N>w     async, torch's writer with N threads (files) per rank instead of 1
 
 With --prepare, each nvtrain async arm prepares (allocates and pins) its buffers in the
 background before its first save, as a training loop does on its first step that is not due
@@ -137,7 +137,7 @@ def main() -> None:
             policy=Checkpoint(dir=str(root), interval=1, keep=1, **{"async": mode != "nvtrain-sync"}),
             events=events,
             host_copy_dir=str(shm) if mode == "nvtrain-async-shm" else "",
-            write_threads=4 if mode == "nvtrain-async-4w" else 1,
+            write_threads=int(mode.rsplit("-", 1)[1][:-1]) if mode.endswith("w") else 1,
         )
         for mode in arms
         if mode != "dcp-async"

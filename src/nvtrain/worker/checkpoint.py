@@ -635,7 +635,11 @@ class Checkpointer:
                 or (self.rank == 0 and p.name == ".metadata")
             )
         )
-        manifest = {p.name: {"size": p.stat().st_size, "xxh3": _digest(p)} for p in mine}
+        # One thread per file, as many as wrote them: reading back and hashing is then no slower
+        # than the write (one thread hashes about 1.5 GB/s of page cache; 4 in parallel, 4x that).
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(len(mine), self.write_threads))) as pool:
+            digests = list(pool.map(_digest, mine))
+        manifest = {p.name: {"size": p.stat().st_size, "xxh3": d} for p, d in zip(mine, digests, strict=True)}
         _write_durable(
             save.folder / f"manifest-rank{self.rank}.json", json.dumps(manifest, sort_keys=True).encode()
         )
