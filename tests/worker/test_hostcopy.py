@@ -311,18 +311,27 @@ def test_a_sigkilled_worker_is_replaced_by_a_process_that_restores_from_memory(t
         assert step == "10" and value == "4321"
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Any:
-    """A 64 KiB memory-backed folder: too small for two slots of the test model's state."""
-    folder = tmp_path / "small-shm"
+def _tmpfs(folder: Path, size: str) -> Any:
     folder.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], capture_output=True
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True
     )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     yield folder
     subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Any:
+    """A 64 KiB memory-backed folder: too small for two slots of the test model's state."""
+    yield from _tmpfs(tmp_path / "small-shm", "64k")
+
+
+@pytest.fixture
+def full_volume(tmp_path: Path) -> Any:
+    """A 1 MiB checkpoint volume: a third of the test model's state fits."""
+    yield from _tmpfs(tmp_path / "full-volume", "1m")
 
 
 def test_a_folder_without_room_turns_the_copy_off_and_saves_go_on(
@@ -356,3 +365,27 @@ def test_a_folder_without_room_turns_the_copy_off_and_saves_go_on(
     ).restore()
     assert [e["origin"] for e in _named(log, "checkpoint_restored")] == ["storage"]
     assert _bits(fresh, fresh_optimizer) == saved
+
+
+def test_a_full_volume_under_several_writer_threads_fails_the_save_without_a_traceback(
+    tmp_path: Path, full_volume: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """torch's extra writer threads (write_threads = 4) die of ENOSPC on their own: the save is
+    dropped (never committed with some files missing), and no thread's traceback is printed."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(512, 512, bias=False)  # 1 MiB of weights, 3 MiB with AdamW's state
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, 512)).sum().backward()
+    optimizer.step()
+    log = tmp_path / "events.jsonl"
+    ckpt = _checkpointer(full_volume / "run", model, optimizer, _policy(True), _events(log), write_threads=4)
+    ckpt.save(10)
+    ckpt.close()
+    failed = _named(log, "checkpoint_failed")
+    assert [(e["step"], e["errno"]) for e in failed] == [(10, "ENOSPC")], failed
+    assert _committed(full_volume / "run") == []
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception in thread" not in err, err
+    assert "checkpoint of step 10 not saved" in err

@@ -168,6 +168,28 @@ _KINDS = ("storage", "other", "peer")
 """Which rank's failure a report names first."""
 
 
+_WRITER_THREAD = "_write_files_from_queue"
+"""The function torch's extra checkpoint writer threads run (``write_threads`` > 1)."""
+
+
+def _quiet_writer_threads() -> None:
+    """A storage error in one of torch's extra writer threads is reported once, as the save's
+    failure (``checkpoint_failed``, one line on stderr): keep Python from also printing the
+    thread's traceback. Any other exception, or any other thread, is printed as before."""
+    previous = threading.excepthook
+    if getattr(previous, "_nvtrain", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        name = args.thread.name if args.thread is not None else ""
+        if _WRITER_THREAD in name and args.exc_value is not None and _storage_error(args.exc_value):
+            return
+        previous(args)
+
+    hook._nvtrain = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 class _WatchedFileSystem(FileSystem):
     """torch's file system for checkpoint shards, keeping the ``OSError`` behind a failed write:
     torch's stream writer turns a full volume into a ``RuntimeError``, and torch hands a rank's
@@ -385,6 +407,8 @@ class Checkpointer:
         the staged copy in files there, so that a replacement process restores from memory."""
         self.model = model
         self.write_threads = write_threads
+        if write_threads > 1:
+            _quiet_writer_threads()
         """Threads (and files) per rank that torch's writer writes the shards with."""
         self.optimizer = optimizer
         self.run_dir = run_dir
@@ -591,6 +615,10 @@ class Checkpointer:
         try:
             if save.future is not None:
                 save.future.result()
+            if save.io_errors and save.error is None:
+                # One of torch's extra writer threads died of it (write_threads > 1): torch does
+                # not raise, and its checkpoint would lack that thread's files.
+                save.error = save.io_errors[0]
             if save.error is None and not self.aborted:
                 self._write_manifest(save)
         except BaseException as exc:  # reported by wait(); never kills the trainer thread
