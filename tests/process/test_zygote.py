@@ -31,6 +31,7 @@ SCRIPT = textwrap.dedent(
     mode = sys.argv[1]
     env = os.environ.get("ZYGOTE_TEST")
     print(f"warm={warm} argv={sys.argv[1:]} cwd={os.getcwd()} env={env}", flush=True)
+    print(f"threads={torch.get_num_threads()}", flush=True)
     if mode == "exit":
         print("to stderr", file=sys.stderr, flush=True)
         sys.exit(int(sys.argv[2]))
@@ -53,7 +54,7 @@ SCRIPT = textwrap.dedent(
 
 
 def _env(socket_path: Path | None) -> dict[str, str]:
-    env = {**os.environ, "ZYGOTE_TEST": "value-42", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "ZYGOTE_TEST": "value-42", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     env.pop("NVTRAIN_ZYGOTE", None)
     if socket_path is not None:
         env["NVTRAIN_ZYGOTE"] = str(socket_path)
@@ -75,6 +76,8 @@ def _start_server(
             "--script",
             str(script),
         ],
+        # torch in the server uses every core; each worker takes its client's OMP_NUM_THREADS
+        env={k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"},
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -134,6 +137,7 @@ def test_a_forked_worker_gets_argv_env_cwd_output_and_exit_code(
     assert proc.returncode == 7, (out, err)
     assert f"warm=True argv=['exit', '7'] cwd={tmp_path} env=value-42" in out
     assert "to stderr" in err
+    assert "threads=1" in out  # OMP_NUM_THREADS of the client, not the server's
 
 
 def test_stdin_is_the_clients(server: tuple[Path, Path], tmp_path: Path) -> None:

@@ -133,6 +133,11 @@ def _child(request: dict[str, Any], fds: list[int], closing: list[int]) -> NoRet
         torch = sys.modules.get("torch")
         if torch is not None:
             torch.seed()
+            # torch read OMP_NUM_THREADS when the server imported it; ft_launcher sets it per
+            # worker (1 with several workers per node), as a cold worker's torch would see it.
+            threads = env.get("OMP_NUM_THREADS", "")
+            if threads.isdigit() and int(threads) > 0:
+                torch.set_num_threads(int(threads))
         sys.argv = list(request["argv"])
         try:
             if request.get("module"):
