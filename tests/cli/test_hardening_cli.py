@@ -142,6 +142,9 @@ def test_sigint_during_start_up_is_exit_130_without_traceback(stage: str) -> Non
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A suite started in the background by a shell without job control inherits SIGINT
+        # ignored, and Python then keeps it ignored: give the child the default, as a terminal would.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stderr is not None
     seen = []
