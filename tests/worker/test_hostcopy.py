@@ -389,3 +389,23 @@ def test_a_full_volume_under_several_writer_threads_fails_the_save_without_a_tra
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Exception in thread" not in err, err
     assert "checkpoint of step 10 not saved" in err
+
+
+def test_a_copy_that_fails_to_load_falls_back_to_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checked and agreed, then the load itself raises (here: made to): every rank reads storage,
+    which overwrites whatever the failed load had copied."""
+    import nvtrain.worker.hostcopy as hostcopy
+
+    run_dir, shm, saved, position = _saved(tmp_path)
+    _new_process(monkeypatch)
+
+    def broken(self: Any, slot: Any, live: Any) -> Any:
+        raise RuntimeError("the copy could not be applied")
+
+    monkeypatch.setattr(hostcopy.HostCopy, "load", broken)
+    restored, bits, restored_position = _restore(tmp_path, run_dir, shm)
+    assert [(e["step"], e["origin"]) for e in restored] == [(10, "storage")]
+    assert "loading it failed" in restored[0]["memory_problem"]
+    assert bits == saved and restored_position == position

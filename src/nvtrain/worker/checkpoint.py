@@ -1043,8 +1043,15 @@ class Checkpointer:
         if not agreed or slot is None:
             self.memory_problem = why or "another rank has no usable copy"
             return False
-        state, extra = self.host.load(slot, live)
-        self._apply(state, extra)
+        failed = ""
+        try:
+            state, extra = self.host.load(slot, live)
+            self._apply(state, extra)
+        except Exception as exc:  # noqa: BLE001 - every rank then reads storage, which overwrites it all
+            failed = f"loading it failed: {exc!r}"[:300]
+        if not self._everyone(not failed):
+            self.memory_problem = failed or "loading it failed on another rank"
+            return False
         self.last_saved = self.newest_committed = newest
         self._emit(
             CheckpointRestored(
