@@ -28,6 +28,7 @@ __all__ = [
     "host_copy_dir",
     "os_error_text",
     "prepare",
+    "remove_stale_host_copies",
     "remove_state",
     "unwritable_run_dir",
     "write_state",
@@ -120,6 +121,7 @@ def write_state(policy: Policy, paths: RunPaths) -> None:
             "free space in $TMPDIR, or point TMPDIR at a writable folder with room",
         ) from None
     if paths.host_copy is not None:
+        remove_stale_host_copies(paths.host_copy)
         try:
             paths.host_copy.mkdir(mode=0o700, parents=False, exist_ok=True)
         except OSError as exc:
@@ -130,6 +132,32 @@ def write_state(policy: Policy, paths: RunPaths) -> None:
                 "mount memory-backed storage there (an emptyDir with medium: Memory at /dev/shm), "
                 'or set memory_dir = "" to keep the copy in the worker only',
             ) from None
+
+
+def remove_stale_host_copies(mine: Path) -> list[Path]:
+    """Remove the host-copy folders of this run and node that a launcher killed outright (no
+    ``finally`` ran: SIGKILL, an OOM kill of the container) left in the memory-backed folder,
+    where they would hold two copies of every rank's state until the pod ends. A folder counts
+    as stale when no ``nvtrain`` process has the pid in its name. Returns those removed."""
+    prefix, _, _pid = mine.name.rpartition("-")
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in mine.parent.iterdir():
+            head, _, pid = entry.name.rpartition("-")
+            if head != prefix or not pid.isdigit() or entry == mine or _is_nvtrain(int(pid)):
+                continue
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
+def _is_nvtrain(pid: int) -> bool:
+    import psutil
+
+    try:
+        return any("nvtrain" in part for part in psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
 
 
 def remove_state(paths: RunPaths) -> None:
