@@ -745,3 +745,30 @@ def test_a_checkpoint_with_crc32_manifests_still_verifies(
     assert _checkpointer(run_dir, fresh_model, fresh_optimizer, _policy(False), _events(log)).restore() == 10
     assert _bits(fresh_model, fresh_optimizer) == saved
     assert [e["step"] for e in _named(log, "checkpoint_corrupt")] == [20]
+
+
+def test_a_stop_that_lands_while_the_save_is_logged_still_finishes_that_save(tmp_path: Path) -> None:
+    """SIGTERM raises ``Stopped`` in the training thread between any two statements; here it
+    lands while ``checkpoint_staged`` is written (the moment a test or a pod stop, waiting for
+    that event, sends it). The save torch is writing must still be in flight, finished and
+    committed, so that the stop's settle keeps it."""
+    from nvtrain.events import EventLog
+    from nvtrain.worker.stopping import Stopped
+
+    class StoppedWhileLogged(EventLog):
+        def emit(self, event: Any) -> dict[str, Any]:
+            record = super().emit(event)
+            if event.name == "checkpoint_staged":
+                raise Stopped(15)
+            return record
+
+    run_dir = tmp_path / "run"
+    model, optimizer = _model(0)
+    _train(model, optimizer, 1, seed=0)
+    log = StoppedWhileLogged(tmp_path / "events.jsonl", run_id="unit", source="test")
+    ckpt = _checkpointer(run_dir, model, optimizer, _policy(True), log)
+    with pytest.raises(Stopped):
+        ckpt.save(10)
+    assert ckpt.inflight is not None and ckpt.inflight.step == 10
+    assert ckpt.settle(60.0) is True
+    assert _committed(run_dir) == [10]

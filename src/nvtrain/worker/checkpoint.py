@@ -541,20 +541,30 @@ class Checkpointer:
                 save.held = _Held(step, None, extra_state)
             elif self.stager is not None:
                 save.held = _Held(step, self.stager.last_staged, extra_state)
-            self._emit(
-                CheckpointStaged(
-                    step=step,
-                    blocked_s=round(staged - t0, 6),
-                    stage_s=round(staged - t1, 6),
-                    bytes=nbytes,
-                    is_async=True,
-                )
-            )
-            threading.Thread(
+            # SIGTERM raises ``Stopped`` in this thread between any two statements, waits
+            # included (``Thread.start`` waits for the thread): whatever it interrupts here, the
+            # save that torch is writing is in flight and finished by its thread, so that the
+            # stop's settle waits for it and commits it.
+            # (Staged is logged before the thread starts, so it always comes before committed.)
+            finisher = threading.Thread(
                 target=self._finish, args=(save,), daemon=True, name=f"nvtrain-ckpt-{step}"
-            ).start()
+            )
             self.inflight = save
             self.last_saved = step
+            try:
+                self._emit(
+                    CheckpointStaged(
+                        step=step,
+                        blocked_s=round(staged - t0, 6),
+                        stage_s=round(staged - t1, 6),
+                        bytes=nbytes,
+                        is_async=True,
+                    )
+                )
+            finally:
+                self.inflight = save
+                self.last_saved = step
+                finisher.start()
             return
         # Sync: the loop waits for the write, the manifests and the commit. ``write_s`` is
         # that part; ``blocked_s`` is all of it.
