@@ -128,6 +128,14 @@ def _client(
     )
 
 
+def _ready(proc: subprocess.Popen[str]) -> str:
+    """The worker's "ready" line (it has installed its SIGTERM handler)."""
+    assert proc.stdout is not None
+    while "ready" not in (line := proc.stdout.readline()):
+        assert line, "the worker ended before it was ready"
+    return line
+
+
 def test_a_forked_worker_gets_argv_env_cwd_output_and_exit_code(
     server: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -168,9 +176,7 @@ def test_a_worker_killed_by_a_signal_kills_its_client_with_it(
 def test_sigterm_to_the_client_reaches_the_worker(server: tuple[Path, Path], tmp_path: Path) -> None:
     socket_path, script = server
     with _client(script, "term", socket_path=socket_path, cwd=tmp_path) as proc:
-        assert proc.stdout is not None
-        while "ready" not in (line := proc.stdout.readline()):
-            assert line, "the worker ended before it was ready"
+        _ready(proc)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 143 and f"got signal {int(signal.SIGTERM)}" in out
@@ -179,9 +185,7 @@ def test_sigterm_to_the_client_reaches_the_worker(server: tuple[Path, Path], tmp
 def test_a_sigkilled_client_takes_its_worker_with_it(server: tuple[Path, Path], tmp_path: Path) -> None:
     socket_path, script = server
     with _client(script, "wait", socket_path=socket_path, cwd=tmp_path) as proc:
-        assert proc.stdout is not None
-        while "ready" not in (line := proc.stdout.readline()):
-            assert line, "the worker ended before it was ready"
+        line = _ready(proc)
         worker = psutil.Process(int(line.split("pid=")[1]))
         assert worker.pid != proc.pid and worker.ppid() != proc.pid  # forked by the server
         proc.kill()

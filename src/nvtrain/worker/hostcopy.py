@@ -27,11 +27,12 @@ import atexit
 import contextlib
 import dataclasses
 import hashlib
+import itertools
 import json
 import mmap
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -115,17 +116,22 @@ class _Ref:
         self.index = index
 
 
-def _skeleton(state: Any, counter: list[int]) -> Any:
-    if isinstance(state, torch.Tensor):
-        counter[0] += 1
-        return _Ref(counter[0] - 1)
+def _map(state: Any, leaf: Callable[[Any], Any]) -> Any:
+    """``state`` with every leaf (anything but a dict, list or tuple) replaced by ``leaf(it)``,
+    in the order ``_leaves`` walks it."""
     if isinstance(state, dict):
-        return {key: _skeleton(value, counter) for key, value in state.items()}
+        return {key: _map(value, leaf) for key, value in state.items()}
     if isinstance(state, list):
-        return [_skeleton(value, counter) for value in state]
+        return [_map(value, leaf) for value in state]
     if isinstance(state, tuple):
-        return tuple(_skeleton(value, counter) for value in state)
-    return state
+        return tuple(_map(value, leaf) for value in state)
+    return leaf(state)
+
+
+def _skeleton(state: Any) -> Any:
+    """``state`` with its tensors replaced by ``_Ref``s, numbered in order: the rest of it."""
+    count = itertools.count()
+    return _map(state, lambda x: _Ref(next(count)) if isinstance(x, torch.Tensor) else x)
 
 
 def _hash(data: memoryview | bytes) -> str:
@@ -289,30 +295,29 @@ class HostCopy:
                 slot.header.unlink()
         cuda = torch.cuda.is_available()
         views = iter(slot.views)
-        staged = self._fill(state, views, lambda view, live: view.copy_(live, non_blocking=cuda))
+        staged = self._fill(state, views, cuda)
         if cuda:
             torch.cuda.synchronize()
-        slot.skeleton = _skeleton(state, [0])
+        slot.skeleton = _skeleton(state)
         self.last = slot
         return staged
 
-    def _fill(self, state: Any, views: Iterator[torch.Tensor], copy: Any) -> Any:
-        """``state`` with each tensor replaced by the next view (``copy(view, local)`` fills it)."""
-        if isinstance(state, torch.Tensor):
+    @staticmethod
+    def _fill(state: Any, views: Iterator[torch.Tensor], non_blocking: bool) -> Any:
+        """``state`` with each tensor copied into, and replaced by, the next view."""
+
+        def leaf(value: Any) -> Any:
+            if not isinstance(value, torch.Tensor):
+                return value
             view = next(views)
-            copy(view, _local(state))
-            spec = getattr(state, "_spec", None)
+            view.copy_(_local(value), non_blocking=non_blocking)
+            spec = getattr(value, "_spec", None)
             if spec is None:
                 return view
-            dtensor: Any = type(state)
+            dtensor: Any = type(value)
             return dtensor(view, spec, requires_grad=False)  # a DTensor around the view
-        if isinstance(state, dict):
-            return {key: self._fill(value, views, copy) for key, value in state.items()}
-        if isinstance(state, list):
-            return [self._fill(value, views, copy) for value in state]
-        if isinstance(state, tuple):
-            return tuple(self._fill(value, views, copy) for value in state)
-        return state
+
+        return _map(state, leaf)
 
     def seal(self, slot: _Slot, generation: int, *, step: int, token: str, extra: dict[str, Any]) -> None:
         """After this rank's part of the save is written: hash the slot and write its header,
@@ -422,19 +427,13 @@ class HostCopy:
         locals_ = [_local(t) for _, t in _leaves(live)]
         tensors = list(_leaves(live))
 
-        def fill(skeleton: Any) -> Any:
-            if isinstance(skeleton, _Ref):
-                locals_[skeleton.index].copy_(slot.views[skeleton.index], non_blocking=cuda)
-                return tensors[skeleton.index][1]
-            if isinstance(skeleton, dict):
-                return {key: fill(value) for key, value in skeleton.items()}
-            if isinstance(skeleton, list):
-                return [fill(value) for value in skeleton]
-            if isinstance(skeleton, tuple):
-                return tuple(fill(value) for value in skeleton)
-            return skeleton
+        def fill(value: Any) -> Any:
+            if not isinstance(value, _Ref):
+                return value
+            locals_[value.index].copy_(slot.views[value.index], non_blocking=cuda)
+            return tensors[value.index][1]
 
-        state = fill(rest["skeleton"])
+        state = _map(rest["skeleton"], fill)
         if cuda:
             torch.cuda.synchronize()
         with self.lock:
