@@ -10,6 +10,8 @@ emulates what the kubelet gives a pod of an Indexed Job with a headless Service:
   to the pod address (gloo picks its interface that way);
 - ``/etc/resolv.conf`` pointing at the cluster's dnsmasq (``ip netns exec`` bind-mounts the
   files in ``/etc/netns/<ns>/`` over ``/etc``);
+- its own ``/dev/shm`` (a tmpfs in the pod's mount namespace, lost with the pod: the host copies
+  ``nvtrain run`` keeps there die with it, as on a lost Kubernetes pod);
 - ``JOB_COMPLETION_INDEX``, ``POD_IP`` and ``HOSTNAME`` in the environment.
 
 DNS records (``<job>-<i>.<service>.<namespace>.svc.<domain>`` and the Service name itself) are
@@ -74,8 +76,14 @@ _DROPPED_ENV = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"
 
 # Sets the hostname in the pod's own UTS namespace, then becomes the pod's main process.
 _HOSTNAME_SHIM = (
-    "import os, socket, sys; socket.sethostname(sys.argv[1]); os.execv(sys.argv[2], sys.argv[2:])"
+    "import os, socket, subprocess, sys; socket.sethostname(sys.argv[1]); "
+    "subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=512m,mode=1777', 'pod-shm', '/dev/shm'], "
+    "check=True); "
+    "os.execv(sys.argv[2], sys.argv[2:])"
 )
+"""Runs first in a pod: sets its hostname and mounts its own ``/dev/shm`` (``ip netns exec`` gives
+every pod a mount namespace of its own, so the tmpfs is seen by that pod only and is gone with
+it, as a pod's memory-backed ``/dev/shm`` on Kubernetes)."""
 
 
 # --------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +100,17 @@ def two_recoveries() -> Log:
     log.step(90.5, 60, pid=2).save(90.5, 60, pid=2)
     log.at(93, "checkpoint_committed", step=60, pid=2, write_s=2.0)
     return log.at(100, "launcher_exit", node=0, exit_code=0, cause="finished")
+
+
+def lost_pod(origins: Sequence[str | None]) -> Log:
+    """``two_recoveries``, but the SIGKILL's in-job restart replaced a pod: the new ranks
+    (``origins``, rank 0 first; None: the load does not say where it read from) each load step 40
+    at 70 s, in 2 s."""
+    log = two_recoveries()
+    k = next(i for i, e in enumerate(log.events) if e["event"] == "checkpoint_restored" and e["pid"] == 2)
+    loads = Log()
+    for rank, origin in enumerate(origins):
+        where = {} if origin is None else {"origin": origin}
+        loads.at(70, "checkpoint_restored", step=40, pid=2 + rank, rank=rank, seconds=2.0, **where)
+    log.events[k : k + 1] = loads.events
+    return log

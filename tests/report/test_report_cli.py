@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
-from report_logs import CPU_LOG, ROOT, two_recoveries
+from report_logs import CPU_LOG, ROOT, lost_pod, two_recoveries
 from typer.testing import CliRunner, Result
 
 import nvtrain.runlog.files
@@ -172,6 +172,18 @@ def test_the_incidents_table_says_where_each_restore_read_from(tmp_path: Path) -
     table = printed.split("Incidents", 1)[1].split("Recovery phases", 1)[0]
     assert re.search(r"step→resumed\s+from\s+rolled back", table), table
     assert re.search(r"25→20\s+memory\s", table) and re.search(r"45→40\s+storage\s", table), table
+
+
+def test_a_pod_restored_from_a_peer_reads_peer_in_the_table_and_the_json(tmp_path: Path) -> None:
+    path = lost_pod(["memory", "memory", "peer", "peer"]).write(tmp_path / "events.jsonl")
+    printed = report(str(path), "--no-timeline").stdout
+    table = printed.split("Incidents", 1)[1].split("Recovery phases", 1)[0]
+    assert re.search(r"25→20\s+memory\s", table) and re.search(r"45→40\s+peer\s", table), table
+    data = json.loads(report(str(path), "--json", "--no-timeline").stdout)
+    assert [i["restore_source"] for i in data["incidents"]] == ["memory", "peer"]
+    path = lost_pod(["memory", "storage", "peer", "peer"]).write(tmp_path / "events.jsonl")
+    data = json.loads(report(str(path), "--json", "--no-timeline").stdout)
+    assert [i["restore_source"] for i in data["incidents"]] == ["memory", "storage"]
 
 
 def test_timeline_elsewhere(run_dir: Path, tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ rollback, freshness and checkpoint figures."""
 from __future__ import annotations
 
 import pytest
-from report_logs import Log, first_stretch, two_recoveries
+from report_logs import Log, first_stretch, lost_pod, two_recoveries
 
 from nvtrain.events.records import from_fields
 from nvtrain.report import PHASES, Report, Stats, build_report, report_dict
@@ -81,6 +81,26 @@ def test_rollback_and_freshness_at_each_fault() -> None:
     assert first.freshness_s == pytest.approx(5.5) and second.freshness_s == pytest.approx(5.5)
     assert r.rollback_steps == Stats(2, 5.0, 5.0, 5.0, 10.0)
     assert r.freshness_steps is not None and r.freshness_steps.max == 5
+
+
+@pytest.mark.parametrize(
+    ("origins", "source"),
+    [
+        (["memory", "memory", "peer", "peer"], "peer"),  # the replaced pod's ranks read a peer's copy
+        (["peer", "peer", "memory", "memory"], "peer"),  # the slowest, not the last load, names it
+        (["memory", "peer", "storage", "peer"], "storage"),  # one rank read storage: every rank waited
+        (["memory", "memory", "memory", "memory"], "memory"),
+        ([None, "peer", None, "memory"], "peer"),  # loads that do not say are left out
+        ([None, None, None, None], None),  # none says: shown as "–"
+    ],
+)
+def test_a_recovery_names_the_slowest_origin_its_ranks_loaded_from(
+    origins: list[str | None], source: str | None
+) -> None:
+    first, second = report_of(lost_pod(origins)).incidents
+    assert (first.restore_source, second.restore_source) == ("memory", source)
+    assert (second.layer, second.restored_step, second.rollback_steps) == ("in_job", 40, 5)
+    assert second.phases["restore"] == pytest.approx(4.0)  # 66 s attempt_start -> 70 s loads
 
 
 def test_freshness_over_time_is_a_sawtooth() -> None:

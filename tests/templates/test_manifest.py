@@ -37,11 +37,13 @@ from nvtrain.templates.manifest import (
     ManifestOptions,
     dump,
     grace_period,
+    host_copies_per_rank,
     host_copy_bytes,
     keeps_host_copy,
     notes,
     ranks_per_pod,
     render,
+    sends_peer_copy,
 )
 
 P5 = ManifestOptions(
@@ -426,10 +428,75 @@ def test_notes_say_that_the_host_copies_are_not_sized() -> None:
     assert "/dev/shm is sized 8Gi (--shm-size)" in shm and "--state-per-rank QUANTITY" in shm
     [own] = notes(policy_of(OWN_DIR), ManifestOptions())
     assert "memory_dir '/hostcopy'" in own and "no memory-backed volume is mounted there" in own
-    [cpu] = notes(policy_of(CPU_RANKS), ManifestOptions())
-    assert "2 × state per rank, each rank of a pod" in cpu
+    assert shm.endswith(
+        "(per rank 2 slots of its own); /dev/shm is sized 8Gi (--shm-size) without them: "
+        "pass --state-per-rank QUANTITY (one rank's model + optimizer state) to size it"
+    )
+    [cpu] = notes(policy_of(CPU_RANKS), ManifestOptions())  # the starter: 2 pods, peer copy on
+    assert "3 × state per rank, each rank of a pod" in cpu
+    assert "(per rank 2 slots of its own + 1 peer copy of the same local rank on the previous pod)" in cpu
     for text in (EIGHT, OWN_DIR):
         assert notes(policy_of(text), ManifestOptions(state_per_rank="1Gi")) == []
+
+
+TWO_PODS = EIGHT + "[rendezvous]\nnodes = 2\n"
+"""2 pods of 8 ranks: with the host copy on, each rank also keeps the peer copy of another's."""
+
+
+@pytest.mark.parametrize(
+    ("text", "copies", "shm", "own_dir"),
+    [
+        # 2 pods, peer_copy on (the default, or written): 16Gi + 3 x 20Gi x 8; 3 x 20Gi x 8
+        (TWO_PODS, 3, "496Gi", "480Gi"),
+        (TWO_PODS + "[checkpoint]\npeer_copy = true\n", 3, "496Gi", "480Gi"),
+        (TWO_PODS.replace("nodes = 2", "nodes = 16"), 3, "496Gi", "480Gi"),  # per pod, any count
+        # peer_copy off: the 2 slots of every rank, 16Gi + 2 x 20Gi x 8; 2 x 20Gi x 8
+        (TWO_PODS + "[checkpoint]\npeer_copy = false\n", 2, "336Gi", "320Gi"),
+        # 1 pod: no next pod to send the copy to, whatever peer_copy says
+        (EIGHT, 2, "336Gi", "320Gi"),
+        (EIGHT + "[checkpoint]\npeer_copy = true\n", 2, "336Gi", "320Gi"),
+    ],
+)
+def test_the_peer_copy_adds_one_copy_per_rank_with_two_or_more_pods(
+    text: str, copies: int, shm: str, own_dir: str
+) -> None:
+    policy = policy_of(text)
+    assert host_copies_per_rank(policy) == copies
+    assert sends_peer_copy(policy) == (copies == 3)
+    options = ManifestOptions(state_per_rank="20Gi")
+    assert host_copy_bytes(policy, options) == copies * 20 * 2**30 * 8
+    assert memory_backed(objects_of(text, options)) == {"dshm": shm}
+    # memory_dir outside /dev/shm: the volume mounted there holds the same copies.
+    in_own_dir = text + ("" if "[checkpoint]" in text else "[checkpoint]\n") + 'memory_dir = "/hostcopy"\n'
+    assert host_copies_per_rank(policy_of(in_own_dir)) == copies
+    assert memory_backed(objects_of(in_own_dir, options)) == {"dshm": "16Gi", "hostcopy": own_dir}
+
+
+def test_no_host_copy_means_no_copies_and_no_peer_copy() -> None:
+    for table in ("async = false\nkeep = 1\n", "in_memory = false\n", 'memory_dir = ""\n'):
+        policy = policy_of(TWO_PODS + "[checkpoint]\n" + table)
+        assert (host_copies_per_rank(policy), sends_peer_copy(policy)) == (0, False)
+        assert host_copy_bytes(policy, ManifestOptions(state_per_rank="20Gi")) is None
+
+
+def test_notes_and_the_memory_limit_say_what_the_peer_copy_adds() -> None:
+    [note] = notes(policy_of(TWO_PODS), ManifestOptions())
+    assert (
+        "holds the host copies of the checkpoint, 3 × state per rank × 8 ranks per pod (per rank 2 slots"
+        in note
+    )
+    assert "+ 1 peer copy of the same local rank on the previous pod)" in note
+    [off] = notes(policy_of(TWO_PODS + "[checkpoint]\npeer_copy = false\n"), ManifestOptions())
+    assert "2 × state per rank × 8 ranks per pod (per rank 2 slots of its own)" in off
+    # 16Gi + 3 x 20Gi x 8 = 496Gi of /dev/shm
+    objects_of(TWO_PODS, ManifestOptions(state_per_rank="20Gi", memory="497Gi"))
+    with pytest.raises(
+        UsageError, match="496Gi of memory-backed volumes, not below --memory 496Gi"
+    ) as caught:
+        objects_of(TWO_PODS, ManifestOptions(state_per_rank="20Gi", memory="496Gi"))
+    assert "3 × --state-per-rank 20Gi × 8 ranks = 480Gi; per rank 2 slots of its own + 1 peer copy" in str(
+        caught.value
+    )
 
 
 def test_ranks_per_pod_come_from_nproc_per_node_or_the_gpus() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from nvtrain.errors import UsageError
 from nvtrain.events.records import Event, from_fields
 from nvtrain.runlog import events_file
 from nvtrain.tuning.advise import Request, Tuned, tune_interval
-from nvtrain.tuning.measured import measure_events, read_measured
+from nvtrain.tuning.measured import OriginLoads, measure_events, read_measured
 
 DATA = Path(__file__).resolve().parent / "data"
 CPU_LOG = DATA / "cpu-demo-events.jsonl"  # `nvtrain run` of the built-in demo job (CPU, 2 ranks)
@@ -298,6 +299,7 @@ def test_tune_interval_uses_the_load_per_recovery(tmp_path: Path) -> None:
     assert measured["restore_from"] == "memory"
     assert measured["restore_by_origin"] == {
         "memory": {"loads": 4, "median_s": pytest.approx(0.15), "recoveries": 2},
+        "peer": {"loads": 0, "median_s": None, "recoveries": 0},
         "storage": {"loads": 3, "median_s": pytest.approx(2.4), "recoveries": 1},
     }
 
@@ -328,3 +330,121 @@ def test_tune_interval_without_recoveries_takes_the_storage_loads(tmp_path: Path
     assert result.report.inputs.restore_s == pytest.approx(2.0)
     assert result.origins["restore"] == "measured: median of 1 loads from storage"
     assert result.to_dict()["measured"]["restore_from"] == "storage"
+
+
+# -- a lost pod: the replaced pod's ranks load a peer's host copy, the others their own -----------
+
+
+def pod_recovery(log: Log, loads: Sequence[tuple[str | None, float]], *, restarts: int) -> Log:
+    """A pod lost and replaced: each rank (pid 1.., rank 0 first) loads step 20 from its origin
+    (None: the load does not say) in its seconds."""
+    log.at(1.0, "fault_injected", step=25, rank=0, pid=1, kind="sigkill")
+    log.at(0.5, "worker_failed", local_rank=0, exit_code=-9, signal="SIGKILL", pid=99)
+    log.at(0.0, "restart_begin", layer="in_job", pid=99)
+    for rank, (origin, took) in enumerate(loads):
+        where = {} if origin is None else {"origin": origin}
+        log.at(took, "checkpoint_restored", step=20, seconds=took, pid=rank + 1, rank=rank, **where)
+    log.step(21, None, pid=1, restarts=restarts)
+    return log.step(30, 0.5, pid=1, restarts=restarts)
+
+
+def peer_run(*, first_load: bool = True) -> Log:
+    """A first start that loads from storage (3 s; none when not ``first_load``), a recovery
+    from host memory, then a lost pod: ranks 0 and 1 load their own copy, 2 and 3 a peer's."""
+    log = Log()
+    if first_load:
+        log.at(1.0, "checkpoint_restored", step=10, seconds=3.0, origin="storage", pid=1)
+    log.step(11, None).step(20, 0.5)
+    recovery(log, origin="memory", seconds=(0.1, 0.2), restarts=1)
+    return pod_recovery(log, [("memory", 0.1), ("memory", 0.1), ("peer", 0.8), ("peer", 1.0)], restarts=2)
+
+
+def test_a_lost_pod_whose_ranks_loaded_from_a_peer_counts_as_a_peer_recovery() -> None:
+    measured = measure_events(peer_run().records(), "x")
+    assert [r.restored_from for r in measured.recoveries] == ["memory", "peer"]
+    assert measured.by_origin == {
+        "memory": OriginLoads(loads=4, median=pytest.approx(0.1), recoveries=1),  # type: ignore[arg-type]
+        "peer": OriginLoads(loads=2, median=pytest.approx(0.9), recoveries=1),  # type: ignore[arg-type]
+        "storage": OriginLoads(loads=1, median=3.0, recoveries=0),
+    }
+    assert measured.restore_per_recovery() == pytest.approx((0.1 + 0.9) / 2)
+    assert measured.restore_from == "peer"  # a tie with memory: the slower
+    assert measured.timings.restore is not None and measured.timings.restore.median == pytest.approx(3.0)
+
+
+def test_one_rank_that_read_storage_makes_the_recovery_a_storage_one() -> None:
+    log = Log().at(1.0, "checkpoint_restored", step=10, seconds=3.0, origin="storage", pid=1)
+    log.step(11, None).step(20, 0.5)
+    recovery(log, origin="memory", seconds=(0.1, 0.2), restarts=1)
+    loads = [("memory", 0.1), ("peer", 0.8), ("storage", 2.0), ("peer", 1.0)]
+    measured = measure_events(pod_recovery(log, loads, restarts=2).records(), "x")
+    assert [r.restored_from for r in measured.recoveries] == ["memory", "storage"]
+    counts = {o: (v.loads, v.recoveries) for o, v in measured.by_origin.items()}
+    assert counts == {"memory": (3, 1), "peer": (2, 0), "storage": (2, 1)}
+    assert measured.by_origin["storage"].median == pytest.approx(2.5)
+    assert measured.restore_per_recovery() == pytest.approx((0.1 + 2.5) / 2)
+    assert measured.restore_from == "storage"
+
+
+def test_restores_without_origin_still_read_as_storage() -> None:
+    log = Log().step(1, None).step(10, 0.5)
+    pod_recovery(log, [(None, 2.0), (None, 2.2), (None, 2.4), (None, 2.6)], restarts=1)
+    measured = measure_events(log.records(), "x")
+    assert [r.restored_from for r in measured.recoveries] == [None]  # the report shows "–"
+    assert measured.by_origin["storage"] == OriginLoads(loads=4, median=pytest.approx(2.3), recoveries=1)  # type: ignore[arg-type]
+    assert measured.by_origin["peer"] == OriginLoads(loads=0, median=None, recoveries=0)
+    assert measured.by_origin["memory"] == OriginLoads(loads=0, median=None, recoveries=0)
+    assert measured.restore_from == "storage" and measured.restore_per_recovery() == pytest.approx(2.3)
+
+
+def test_tune_interval_weighs_the_peer_loads(tmp_path: Path) -> None:
+    result = tuned(peer_run(), tmp_path)
+    assert result.report.inputs.restore_s == pytest.approx(0.5)
+    assert result.origins["restore"] == (
+        "measured: 2 recoveries, 1 from memory (median 100ms) and 1 from peer (median 900ms)"
+    )
+    measured = result.to_dict()["measured"]
+    assert measured["restore_from"] == "peer"
+    assert measured["restore_by_origin"] == {
+        "memory": {"loads": 4, "median_s": pytest.approx(0.1), "recoveries": 1},
+        "peer": {"loads": 2, "median_s": pytest.approx(0.9), "recoveries": 1},
+        "storage": {"loads": 1, "median_s": 3.0, "recoveries": 0},
+    }
+    storage_notes = [n for n in result.notes if "storage" in n]
+    assert storage_notes == [
+        "every recovery loaded from host memory or a peer; a recovery that finds no copy in memory "
+        "(several pods lost at once, or a damaged copy) loads from storage (median 3s in this run): "
+        "give --restore when that is common"
+    ]
+
+
+def test_tune_interval_does_not_say_only_memory_was_measured_when_peers_were(tmp_path: Path) -> None:
+    result = tuned(peer_run(first_load=False), tmp_path)
+    assert result.report.inputs.restore_s == pytest.approx(0.5)
+    storage_notes = [n for n in result.notes if "storage" in n]
+    assert storage_notes == [
+        "only loads from host memory and a peer were measured; a recovery that finds no copy in "
+        "memory (several pods lost at once, or a damaged copy) loads from storage and is slower: "
+        "give --restore when that is common"
+    ]
+
+
+def test_tune_interval_names_the_peer_loads_when_every_recovery_read_memory(tmp_path: Path) -> None:
+    log = Log().at(1.0, "checkpoint_restored", step=10, seconds=0.9, origin="peer", pid=1)
+    log.at(0.0, "checkpoint_restored", step=10, seconds=3.0, origin="storage", pid=2)
+    log.step(11, None).step(20, 0.5)
+    result = tuned(recovery(log, origin="memory", seconds=(0.1, 0.3), restarts=1), tmp_path)
+    assert result.report.inputs.restore_s == pytest.approx(0.2)
+    assert [n for n in result.notes if "storage" in n] == [
+        "every recovery loaded from host memory; a lost node or pod loads from a peer (median 900ms) "
+        "or storage (median 3s in this run): give --restore when those are common"
+    ]
+
+
+def test_tune_interval_without_recoveries_takes_the_peer_loads_before_memory(tmp_path: Path) -> None:
+    log = Log().at(1.0, "checkpoint_restored", seconds=0.1, origin="memory", pid=1)
+    log.at(1.0, "checkpoint_restored", seconds=0.9, origin="peer", pid=2).step(1, None)
+    result = tuned(log, tmp_path)
+    assert result.report.inputs.restore_s == pytest.approx(0.9)
+    assert result.origins["restore"] == "measured: median of 1 loads from peer"
+    assert result.to_dict()["measured"]["restore_from"] == "peer"

@@ -24,6 +24,8 @@ from nvtrain.events.records import (
     Step,
     WorkerFailed,
 )
+from nvtrain.runlog.checkpoints import load_times, loads_by_origin
+from nvtrain.runlog.kinds import restore_origin
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "events.md"
 
@@ -93,6 +95,44 @@ def test_a_log_from_before_versions_reads_as_version_0() -> None:
 def test_an_old_restore_named_its_origin_source() -> None:
     event = parse_event('{"ts": 1, "event": "checkpoint_restored", "step": 4, "source": "storage"}')
     assert isinstance(event, CheckpointRestored) and event.from_storage
+
+
+@pytest.mark.parametrize(
+    ("fields", "origin"),
+    [
+        ('"origin": "memory"', "memory"),
+        ('"origin": "peer"', "peer"),  # a replaced pod's rank read another pod's host copy
+        ('"origin": "storage"', "storage"),
+        ('"source": "memory"', "memory"),  # before `origin`
+        ('"origin": "disk"', None),
+        ('"step": 4', None),
+    ],
+)
+def test_where_a_restore_read_from(fields: str, origin: str | None) -> None:
+    event = parse_event('{"ts": 1, "event": "checkpoint_restored", ' + fields + "}")
+    assert isinstance(event, CheckpointRestored) and restore_origin(event) == origin
+
+
+def restored(*loads: tuple[str | None, float]) -> list[Event]:
+    """A ``checkpoint_restored`` per (origin, seconds); None: the load does not say."""
+    out = []
+    for origin, seconds in loads:
+        where = {} if origin is None else {"origin": origin}
+        event = parse_event(
+            json.dumps({"ts": 1, "event": "checkpoint_restored", "seconds": seconds, **where})
+        )
+        assert event is not None
+        out.append(event)
+    return out
+
+
+def test_loads_per_origin_and_the_slowest_origin_measured() -> None:
+    events = restored(("memory", 0.1), ("peer", 0.8), ("peer", 1.0), ("memory", 0.2))
+    assert loads_by_origin(events) == {"memory": (0.1, 0.2), "peer": (0.8, 1.0), "storage": ()}
+    assert load_times(events) == ((0.8, 1.0), "peer")
+    assert load_times([*events, *restored((None, 3.0))]) == ((3.0,), "storage")  # says nothing: storage
+    assert load_times(restored(("memory", 0.1))) == ((0.1,), "memory")
+    assert load_times([]) == ((), None)
 
 
 @pytest.mark.parametrize(

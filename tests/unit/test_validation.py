@@ -410,3 +410,37 @@ def test_a_thousand_nodes_on_nvrx_0_4_is_warned_about(nodes: int, version: str, 
     )
     if warned:
         assert "NVRx 0.6 or later" in found[0].fix
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "off"),
+    [
+        ("async = false\nkeep = 1\n", "async = false"),
+        ("in_memory = false\n", "in_memory = false"),
+        ('memory_dir = ""\n', 'memory_dir = ""'),
+    ],
+)
+def test_peer_copy_written_without_a_host_copy_is_warned_about(checkpoint: str, off: str) -> None:
+    text = MINIMAL + "[rendezvous]\nnodes = 2\n[checkpoint]\n" + checkpoint
+    # The default (peer_copy left out) and peer_copy = false say nothing.
+    assert validate_source(text, "p.toml", nvrx=NVRX).findings == []
+    assert validate_source(text + "peer_copy = false\n", "p.toml", nvrx=NVRX).findings == []
+    written = text + "peer_copy = true\n"
+    (finding,) = validate_source(written, "p.toml", nvrx=NVRX).findings
+    line = written.splitlines().index("peer_copy = true") + 1
+    assert (finding.severity, finding.code, finding.where, finding.value, finding.line) == (
+        "warning",
+        "no-effect",
+        "[checkpoint] peer_copy",
+        "true",
+        line,
+    )
+    assert finding.file == "p.toml"
+    assert finding.rule.startswith("has no effect") and f"({off})" in finding.rule
+    assert "peer_copy = false" in finding.fix
+
+
+def test_peer_copy_with_the_host_copy_on_is_not_warned_about() -> None:
+    for nodes in (1, 2):
+        text = MINIMAL + f"[rendezvous]\nnodes = {nodes}\n[checkpoint]\npeer_copy = true\n"
+        assert validate_source(text, "p.toml", nvrx=NVRX).findings == []

@@ -83,8 +83,8 @@ def command(
         typer.Option(
             "--state-per-rank",
             metavar="QUANTITY",
-            help="Checkpoint state (model + optimizer) of one rank: adds memory for the 2 host "
-            "copies per rank that [checkpoint] memory_dir keeps.",
+            help="Checkpoint state (model + optimizer) of one rank: adds memory for the host "
+            "copies per rank that [checkpoint] memory_dir keeps (2, or 3 with peer_copy and 2+ pods).",
             rich_help_panel=_POD,
         ),
     ] = None,

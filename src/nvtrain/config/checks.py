@@ -508,6 +508,22 @@ def _checkpoint(p: Policy) -> Iterator[Finding]:
             "while the next one is written",
             "use keep = 2 or more, or async = false",
         )
+    if c.peer_copy and "peer_copy" in c.model_fields_set and not (c.async_ and c.in_memory and c.memory_dir):
+        # Written out (the default is quiet): the peer copy sends the host copy, which is off.
+        host_copy_off = (
+            "async = false" if not c.async_ else "in_memory = false" if not c.in_memory else 'memory_dir = ""'
+        )
+        yield _f(
+            "warning",
+            "no-effect",
+            "checkpoint",
+            "peer_copy",
+            c.peer_copy,
+            f"has no effect: it sends each rank's host copy to the next pod, and this policy keeps "
+            f"no host copy ({host_copy_off})",
+            "remove peer_copy or set peer_copy = false, or keep the host copy (async = true, "
+            'in_memory = true, memory_dir = "/dev/shm")',
+        )
     steps = p.job.max_steps
     if steps is not None and c.interval > steps:
         yield _f(

@@ -249,8 +249,19 @@ class Checkpoint(BaseModel):
 
     memory_dir: str = "/dev/shm"
     """Memory-backed folder where `nvtrain run` keeps each rank's staged copy (two slots of the
-    rank's state) so that a replacement worker restores from memory; removed when the run ends.
-    `""` keeps the copy in the worker process only."""
+    rank's state, plus the copy a peer sends with `peer_copy`) so that a replacement worker
+    restores from memory; removed when the run ends. `""` keeps the copy in the worker process
+    only."""
+
+    peer_copy: bool = True
+    """Keep each rank's host copy on a second pod as well, so that a pod that replaces a lost one
+    (its `memory_dir` starts empty) restores from memory instead of storage. After each save, once
+    its host copy is sealed (complete), each rank sends it in the background to the rank with the same
+    local rank on the next pod (rank r to rank (r + ranks per pod) mod world), which keeps it in
+    its own `memory_dir`. Acts with `[rendezvous] nodes` > 1 and the host copy on (`async` and
+    `in_memory` true, `memory_dir` not `""`). Costs one more copy of a rank's state in each pod's
+    `memory_dir` (3 x the state per rank instead of 2 x) and the checkpoint's bytes sent once
+    over the pod network per save. `false` turns it off."""
 
     write_threads: int = Field(default=4, ge=1, le=64)
     """Threads (and shard files) per rank that write a checkpoint to storage. On one H200 with a

@@ -36,6 +36,7 @@ __all__ = [
     "CheckpointFailed",
     "CheckpointPartial",
     "CheckpointRejected",
+    "CheckpointReplicated",
     "CheckpointRestored",
     "CheckpointSettled",
     "CheckpointStaged",
@@ -308,11 +309,26 @@ class CheckpointSettled(Event):
     limit_s: float | None = None
 
 
+@_event("checkpoint_replicated")
+class CheckpointReplicated(Event):
+    """A rank's host copy of ``step`` was sent to the rank that keeps it on another pod (and that
+    pod's copy of another rank received), in the background after the save."""
+
+    step: int | None = None
+    to_rank: int | None = None
+    from_rank: int | None = None
+    sent_bytes: int | None = None
+    received_bytes: int | None = None
+    seconds: float | None = None
+    error: str | None = None
+    """Why the exchange failed (the peer copies of this attempt are then off)."""
+
+
 @_event("checkpoint_restored")
 class CheckpointRestored(Event):
     step: int | None = None
     origin: str | None = None
-    """``storage`` or ``memory``."""
+    """``storage``, ``memory`` (this pod's host copy) or ``peer`` (the copy another pod kept)."""
     seconds: float | None = None
     bytes: int | None = None
     memory_problem: str | None = None

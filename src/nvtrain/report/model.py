@@ -130,6 +130,8 @@ class Incident:
     """The last step reached before the fault."""
     restored_step: int | None
     restore_source: str | None
+    """Where the restore read the checkpoint (``Recovery.restored_from``): ``memory``, ``peer``
+    or ``storage``, the slowest that any rank read from; None when nothing says."""
     rollback_steps: int | None
     """``last_step`` less the step it resumed after (the newest committed one if not recovered)."""
     lost_s: float | None

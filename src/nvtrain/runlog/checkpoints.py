@@ -34,9 +34,11 @@ __all__ = [
     "save_write_times",
 ]
 
-Origin = Literal["memory", "storage"]
-"""Where a checkpoint load read from."""
-ORIGINS: tuple[Origin, ...] = ("memory", "storage")
+Origin = Literal["memory", "peer", "storage"]
+"""Where a checkpoint load read from: the host copy in its own pod, the host copy in another
+pod's memory (a rank of a replaced pod), or storage."""
+ORIGINS: tuple[Origin, ...] = ("memory", "peer", "storage")
+"""Every origin, the fastest first."""
 
 WAITED = 0.01
 """A save that waited longer than this (seconds) for the previous write counts as waiting."""
@@ -177,10 +179,11 @@ def save_wait_times(events: Sequence[Event]) -> tuple[float, ...]:
 
 
 def load_times(events: Sequence[Event]) -> tuple[tuple[float, ...], Origin | None]:
-    """``seconds`` of the checkpoint loads from storage (from host memory when none read storage;
-    a load that does not say counts as one from storage), and where they read from."""
+    """``seconds`` of the checkpoint loads from the slowest origin measured: storage, else a
+    peer's host memory, else the pod's own (a load that does not say counts as one from
+    storage), and where they read from."""
     loads = loads_by_origin(events)
-    for origin in ("storage", "memory"):
+    for origin in reversed(ORIGINS):
         if loads[origin]:
             return loads[origin], origin
     return (), None
@@ -207,4 +210,5 @@ def recovery_origins(recoveries: Sequence[Recovery]) -> dict[Origin, int]:
 
 
 def _origin(where: str | None) -> Origin:
-    return "memory" if where == "memory" else "storage"
+    """``where`` as an origin; one that does not say (or is unknown) counts as storage."""
+    return "memory" if where == "memory" else "peer" if where == "peer" else "storage"

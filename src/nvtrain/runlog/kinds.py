@@ -33,6 +33,7 @@ from nvtrain.events.records import (
 __all__ = [
     "COMMITS",
     "REJECTIONS",
+    "RESTORE_ORIGINS",
     "WORKER_EVENTS",
     "duration",
     "is_fault",
@@ -64,6 +65,8 @@ COMMITS = (CheckpointCommitted, CheckpointAlreadyCommitted)
 """A verified checkpoint of the step is on storage (saved now, or kept from an earlier save)."""
 REJECTIONS = (CheckpointCorrupt, CheckpointRejected)
 """The step's checkpoint on storage was found damaged (or without ``COMMITTED``)."""
+RESTORE_ORIGINS = ("memory", "peer", "storage")
+"""Where a checkpoint load can read from (``restore_origin``), the fastest first."""
 
 
 def is_fault(e: Event) -> bool:
@@ -91,10 +94,11 @@ def is_restart(e: Event, pods: frozenset[int]) -> bool:
 
 
 def restore_origin(e: CheckpointRestored) -> str | None:
-    """Where a load read from, ``storage`` or ``memory`` (logs before ``origin`` named it
-    ``source``); None when the event does not say."""
+    """Where a load read from: ``storage``, ``memory`` (the host copy in its own pod) or
+    ``peer`` (a replaced pod's rank, from the host copy in another pod's memory); logs before
+    ``origin`` named it ``source``. None when the event does not say."""
     where = e.origin if e.origin is not None else e.source
-    return where if where in ("storage", "memory") else None
+    return where if where in RESTORE_ORIGINS else None
 
 
 def duration(value: float | None) -> float | None:

@@ -6,11 +6,11 @@ import bisect
 import functools
 from collections.abc import Iterable
 from operator import attrgetter
-from typing import Literal
 
 from nvtrain.events.read import Events
 from nvtrain.events.records import AttemptStart, Event, LauncherExit, LauncherStart, RestartBegin
 from nvtrain.runlog.checkpoints import (
+    Origin,
     Saves,
     find_commits,
     find_saves,
@@ -99,7 +99,7 @@ class RunLog:
         return save_wait_times(self.events)
 
     @functools.cached_property
-    def loads(self) -> tuple[tuple[float, ...], Literal["storage", "memory"] | None]:
+    def loads(self) -> tuple[tuple[float, ...], Origin | None]:
         """``checkpoints.load_times``: the load times, and where they read from."""
         return load_times(self.events)
 

@@ -27,7 +27,7 @@ from nvtrain.events.records import (
     Step,
     WorkerFailed,
 )
-from nvtrain.runlog.kinds import duration, is_fault, is_restart, restore_origin
+from nvtrain.runlog.kinds import RESTORE_ORIGINS, duration, is_fault, is_restart, restore_origin
 
 __all__ = ["Layer", "Recovery", "find_recoveries"]
 
@@ -72,7 +72,9 @@ class Recovery:
     restored_step: int | None
     """Its step."""
     restored_from: str | None
-    """Where it read from, ``storage`` or ``memory`` (``kinds.restore_origin``)."""
+    """Where its loads read from (``kinds.restore_origin``), the slowest of them: ``storage``
+    when any rank read storage, else ``peer`` when any rank (of a replaced pod) read another
+    pod's host copy, else ``memory``; None when no load says."""
 
     @property
     def recovered(self) -> bool:
@@ -116,6 +118,7 @@ def _recovery(
     """The recovery made of ``window`` (its first fault or restart up to the first completed
     ``step`` after it, when one followed)."""
     restored: CheckpointRestored | None = None
+    restored_from: str | None = None
     torn_down = rendezvous = attempt = first_restart = first_failure = None
     loads: list[float] = []
     fault_step: int | None = None
@@ -123,6 +126,7 @@ def _recovery(
     for k, e in enumerate(window):
         if isinstance(e, CheckpointRestored):
             restored = e
+            restored_from = _slower(restored_from, restore_origin(e))
             if (seconds := duration(e.seconds)) is not None:
                 loads.append(seconds)
         elif isinstance(e, RestartEnd):
@@ -164,8 +168,15 @@ def _recovery(
         attempt=attempt,
         restored=None if restored is None else restored.ts,
         restored_step=None if restored is None else restored.step,
-        restored_from=None if restored is None else restore_origin(restored),
+        restored_from=restored_from,
     )
+
+
+def _slower(a: str | None, b: str | None) -> str | None:
+    """The slower of two origins (``kinds.RESTORE_ORIGINS``); one that is None gives the other."""
+    if a is None or b is None:
+        return a if b is None else b
+    return max(a, b, key=RESTORE_ORIGINS.index)
 
 
 def _restart_layers(window: Sequence[Event], pods: frozenset[int]) -> tuple[str, ...]:

@@ -81,6 +81,7 @@ _VALUES: dict[str, dict[str, str]] = {
         "async": "true",
         "in_memory": "true",
         "memory_dir": '"/dev/shm"',
+        "peer_copy": "true",
         "write_threads": "4",
         "keep": "3",
         "finish_in_flight": "true",

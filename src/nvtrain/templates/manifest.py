@@ -45,6 +45,7 @@ __all__ = [
     "GRACE_MARGIN",
     "HOST_COPY_SLOTS",
     "NEVER_RETRY",
+    "PEER_COPY_SLOTS",
     "POLICY_FILE",
     "POLICY_MOUNT",
     "ManifestOptions",
@@ -53,6 +54,7 @@ __all__ = [
     "dump",
     "grace_period",
     "has_control_job",
+    "host_copies_per_rank",
     "host_copy_bytes",
     "keeps_host_copy",
     "manifest_from_file",
@@ -60,6 +62,7 @@ __all__ = [
     "ranks_per_pod",
     "render",
     "selector",
+    "sends_peer_copy",
 ]
 
 CONTAINER = "trainer"
@@ -136,6 +139,10 @@ HOST_COPY_SLOTS = 2
 """Copies of its checkpoint state that each rank keeps in ``[checkpoint] memory_dir``: the
 newest committed one stays whole while the next save is staged into the other slot."""
 
+PEER_COPY_SLOTS = 1
+"""Copies of another rank's state that each rank keeps in ``memory_dir`` with ``[checkpoint]
+peer_copy``: the sealed host copy of the rank with the same local rank on the previous pod."""
+
 HOST_COPY_VOLUME = "hostcopy"
 """The memory-backed emptyDir mounted at a ``memory_dir`` outside ``/dev/shm``."""
 
@@ -165,7 +172,7 @@ class ManifestOptions:
     """Size of the memory-backed ``/dev/shm`` (data-loader workers pass batches through it)."""
     state_per_rank: str | None = None
     """Checkpoint state (model + optimizer shard) of one rank, a quantity such as ``"20Gi"``.
-    When the policy keeps host copies (``keeps_host_copy``), ``HOST_COPY_SLOTS`` × this × the
+    When the policy keeps host copies (``keeps_host_copy``), ``host_copies_per_rank`` × this × the
     ranks of a pod is added to ``/dev/shm`` (``memory_dir`` in it) or mounted as a memory-backed
     emptyDir at ``memory_dir``. Unset: the sizes stay as they are and ``notes`` says so."""
     backoff_limit: int = 6
@@ -312,6 +319,29 @@ def keeps_host_copy(policy: Policy) -> bool:
     return c.async_ and c.in_memory and bool(c.memory_dir)
 
 
+def sends_peer_copy(policy: Policy) -> bool:
+    """Whether each rank also keeps a peer's host copy (``[checkpoint] peer_copy``): with the
+    host copy kept and more than one pod, so that there is a next pod to send it to."""
+    return keeps_host_copy(policy) and policy.checkpoint.peer_copy and policy.rendezvous.nodes > 1
+
+
+def host_copies_per_rank(policy: Policy) -> int:
+    """Copies of a rank's checkpoint state that ``[checkpoint] memory_dir`` holds per rank of a
+    pod: ``HOST_COPY_SLOTS`` of its own, plus ``PEER_COPY_SLOTS`` with the peer copy
+    (``sends_peer_copy``); 0 when the policy keeps no host copy. The one source of the sizes."""
+    if not keeps_host_copy(policy):
+        return 0
+    return HOST_COPY_SLOTS + (PEER_COPY_SLOTS if sends_peer_copy(policy) else 0)
+
+
+def _host_copies_made_of(policy: Policy) -> str:
+    """What ``host_copies_per_rank`` counts, in words, for the notes and errors."""
+    own = f"{HOST_COPY_SLOTS} slots of its own"
+    if sends_peer_copy(policy):
+        return f"{own} + {PEER_COPY_SLOTS} peer copy of the same local rank on the previous pod"
+    return own
+
+
 def _known_ranks(policy: Policy, options: ManifestOptions) -> int | None:
     nproc = policy.job.nproc_per_node
     if isinstance(nproc, int):
@@ -357,12 +387,13 @@ def _state_bytes(options: ManifestOptions) -> Fraction | None:
 
 
 def host_copy_bytes(policy: Policy, options: ManifestOptions) -> Fraction | None:
-    """Memory the host copies of one pod take: ``HOST_COPY_SLOTS`` × ``--state-per-rank`` ×
+    """Memory the host copies of one pod take: ``host_copies_per_rank`` × ``--state-per-rank`` ×
     ``ranks_per_pod``; None without ``--state-per-rank`` or when the policy keeps no copy."""
     state = _state_bytes(options)
-    if state is None or not keeps_host_copy(policy):
+    copies = host_copies_per_rank(policy)
+    if state is None or not copies:
         return None
-    return HOST_COPY_SLOTS * state * ranks_per_pod(policy, options)
+    return copies * state * ranks_per_pod(policy, options)
 
 
 def _in_shm(directory: str) -> bool:
@@ -518,9 +549,10 @@ def _check(policy: Policy, options: ManifestOptions) -> None:
             )
         if host is not None and shm + host >= memory:
             raise UsageError(
-                f"--shm-size {options.shm_size} plus the host copies ({HOST_COPY_SLOTS} × "
-                f"--state-per-rank {options.state_per_rank} × {ranks_per_pod(policy, options)} "
-                f"ranks = {_quantity(host)}) is {_quantity(shm + host)} of memory-backed volumes, "
+                f"--shm-size {options.shm_size} plus the host copies "
+                f"({host_copies_per_rank(policy)} × --state-per-rank {options.state_per_rank} × "
+                f"{ranks_per_pod(policy, options)} ranks = {_quantity(host)}; per rank "
+                f"{_host_copies_made_of(policy)}) is {_quantity(shm + host)} of memory-backed volumes, "
                 f"not below --memory {options.memory}: they count against the pod's memory limit",
                 "raise --memory, or lower --shm-size",
             )
@@ -922,11 +954,14 @@ def notes(policy: Policy, options: ManifestOptions) -> list[str]:
     if options.state_per_rank is not None:
         return []
     ranks = _known_ranks(policy, options)
-    per_rank = f"{HOST_COPY_SLOTS} × state per rank"
+    per_rank = f"{host_copies_per_rank(policy)} × state per rank"
     per_pod = (
         f"{per_rank} × {ranks} ranks per pod" if ranks is not None else f"{per_rank}, each rank of a pod"
     )
-    where = f"[checkpoint] memory_dir {c.memory_dir!r} holds the host copies of the checkpoint, {per_pod}"
+    where = (
+        f"[checkpoint] memory_dir {c.memory_dir!r} holds the host copies of the checkpoint, {per_pod} "
+        f"(per rank {_host_copies_made_of(policy)})"
+    )
     size_it = "pass --state-per-rank QUANTITY (one rank's model + optimizer state)"
     if _in_shm(c.memory_dir):
         return [

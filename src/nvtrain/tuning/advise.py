@@ -319,7 +319,8 @@ def _restore(
 
 def _measured_restore(measured: Measured, origins: dict[str, str]) -> float | None:
     """Each origin's median load weighted by the share of the recoveries that loaded from it;
-    without such recoveries, the median of the loads from storage (else from memory)."""
+    without such recoveries, the median of the loads from storage (else from a peer, else from
+    the pod's own host memory)."""
     weighed = measured.weighed
     per_recovery = measured.restore_per_recovery()
     if per_recovery is not None:
@@ -338,23 +339,51 @@ def _measured_restore(measured: Measured, origins: dict[str, str]) -> float | No
     return found.median
 
 
+_FROM = {"memory": "host memory", "peer": "a peer"}
+"""The origins other than storage, as the notes name them."""
+
+
 def _restore_notes(measured: Measured) -> list[str]:
-    """What the measured load time leaves out: the loads from storage after a lost node."""
-    memory, storage = measured.by_origin.get("memory"), measured.by_origin.get("storage")
+    """What the measured load time leaves out: the slower loads of a lost node or pod (from a
+    peer's host copy, or from storage when no copy in memory is left)."""
+    by_origin = measured.by_origin
+    memory, peer, storage = by_origin.get("memory"), by_origin.get("peer"), by_origin.get("storage")
     if memory is None or storage is None:
         return []
-    if memory.loads and not storage.loads:
-        return [
-            "only loads from host memory were measured; a lost node or pod loads from storage (or a "
-            "peer) and is slower: give --restore"
-        ]
+    peer_loads = peer.loads if peer is not None else 0
+    if not storage.loads:
+        if peer_loads:
+            seen = "host memory and a peer" if memory.loads else "a peer"
+            return [
+                f"only loads from {seen} were measured; a recovery that finds no copy in memory "
+                "(several pods lost at once, or a damaged copy) loads from storage and is slower: "
+                "give --restore when that is common"
+            ]
+        if memory.loads:
+            return [
+                "only loads from host memory were measured; a lost node or pod loads from storage "
+                "(or a peer) and is slower: give --restore"
+            ]
+        return []
     weighed = measured.weighed
-    if weighed and "storage" not in weighed and storage.median is not None:
+    if not weighed or "storage" in weighed or storage.median is None:
+        return []
+    from_storage = f"storage (median {short_duration(storage.median)} in this run)"
+    if "peer" in weighed:
+        loaded = " or ".join(_FROM[o] for o in weighed)
         return [
-            f"every recovery loaded from host memory; a lost node or pod loads from storage (median "
-            f"{short_duration(storage.median)} in this run) or a peer: give --restore when those are common"
+            f"every recovery loaded from {loaded}; a recovery that finds no copy in memory (several "
+            f"pods lost at once, or a damaged copy) loads from {from_storage}: give --restore when "
+            "that is common"
         ]
-    return []
+    if peer is not None and peer.median is not None:
+        lost = f"a peer (median {short_duration(peer.median)}) or {from_storage}"
+    else:
+        lost = f"{from_storage} or a peer"
+    return [
+        f"every recovery loaded from host memory; a lost node or pod loads from {lost}: give "
+        "--restore when those are common"
+    ]
 
 
 def _plural(count: int, one: str, many: str) -> str:

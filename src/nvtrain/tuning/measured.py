@@ -8,12 +8,14 @@ What each measure is made of (every rank's events count; medians and 95th percen
   ``checkpoint_begin``: what a save blocks when the previous write is already done (for a
   sync save, also less its ``write_s``: the write is counted in ``save_write``).
 * ``save_write``: ``checkpoint_committed.write_s``: staging done to checkpoint committed.
-* ``restore``: ``checkpoint_restored.seconds`` of loads from storage (from host memory when no
-  load from storage was logged).
-* ``by_origin``: per origin (host memory, storage): the loads' count and median, and how many
-  recoveries (that reached a step) loaded from it. ``restore_per_recovery`` weighs each origin's
-  median by its share of those recoveries: the load a recovery of this run can expect, which
-  ``tune-interval`` uses (the first start's load follows no fault and weighs nothing).
+* ``restore``: ``checkpoint_restored.seconds`` of loads from storage (from a peer's host memory
+  when no load from storage was logged, else from the pod's own host memory).
+* ``by_origin``: per origin (host memory, a peer's host memory, storage): the loads' count and
+  median, and how many recoveries (that reached a step) loaded from it (a recovery whose ranks
+  read from different origins counts for the slowest: ``Recovery.restored_from``).
+  ``restore_per_recovery`` weighs each origin's median by its share of those recoveries: the
+  load a recovery of this run can expect, which ``tune-interval`` uses (the first start's load
+  follows no fault and weighs nothing).
 * ``restart_in_process`` / ``restart_in_job``: a fault or restart (the earliest before one
   recovery) to the first completed step of the next attempt. In-job when that attempt runs in
   new processes (``restart_count`` rose, the launcher saw a worker fail or restarted in job, it
@@ -76,7 +78,7 @@ _MISSING = {
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class OriginLoads:
-    """The checkpoint loads from one origin (host memory or storage)."""
+    """The checkpoint loads from one origin (host memory, a peer's host memory, or storage)."""
 
     loads: int
     """Loads logged with their seconds (every rank's, the first start's too)."""
@@ -98,14 +100,14 @@ class Measured:
     """The recoveries that reached a step (``RunLog.recoveries``)."""
     restore_from: Origin | None
     """Where the restore figure's loads read from: the origin most recoveries loaded from
-    (storage on a tie; see ``weighed``); without such recoveries, where ``timings.restore``'s
-    loads read from."""
+    (the slowest on a tie: storage, then peer; see ``weighed``); without such recoveries, where
+    ``timings.restore``'s loads read from."""
     waits: tuple[float, ...]
     """Waits of saves for the previous write, when longer than 10 ms."""
     skipped: int = 0
     """Lines of the log that were skipped as not valid events."""
     by_origin: Mapping[Origin, OriginLoads] = dataclasses.field(default_factory=dict)
-    """The loads and recoveries per origin (each of ``memory``, ``storage``)."""
+    """The loads and recoveries per origin (each of ``memory``, ``peer``, ``storage``)."""
 
     @property
     def weighed(self) -> dict[Origin, OriginLoads]:
@@ -209,5 +211,5 @@ def _weighed(by_origin: Mapping[Origin, OriginLoads]) -> dict[Origin, OriginLoad
 
 
 def _most(weighed: Mapping[Origin, OriginLoads]) -> Origin:
-    """The origin most recoveries loaded from, storage on a tie."""
-    return max(weighed, key=lambda o: (weighed[o].recoveries, o == "storage"))
+    """The origin most recoveries loaded from, the slowest on a tie (storage, then peer)."""
+    return max(weighed, key=lambda o: (weighed[o].recoveries, ORIGINS.index(o)))

@@ -76,7 +76,9 @@ from nvtrain.events.records import (
     CheckpointStaged,
 )
 from nvtrain.worker.hostcopy import ENV as HOST_COPY_ENV
-from nvtrain.worker.hostcopy import HostCopy, Unsupported, host_copy, in_background
+from nvtrain.worker.hostcopy import HostCopy, Layout, Unsupported, host_copy, in_background
+from nvtrain.worker.peercopy import PeerCopies
+from nvtrain.worker.peercopy import enabled as peer_copies_possible
 from nvtrain.worker.settings import say
 
 __all__ = ["Checkpointer", "CorruptCheckpoint", "committed_steps"]
@@ -443,6 +445,27 @@ class Checkpointer:
             )
             if self.host.broken:  # said once, when it broke
                 self.host = None
+        # The copies on another pod: decided alike on every rank (the same policy, world and
+        # pod size), whether or not this rank's own copy works, since each exchange takes both.
+        per_pod = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+        self.peers: PeerCopies | None = None
+        if (
+            folder
+            and policy.async_
+            and policy.in_memory
+            and policy.peer_copy
+            and self.distributed
+            and peer_copies_possible(self.world, per_pod)
+        ):
+            self.peers = PeerCopies(
+                Path(folder),
+                run_id=run_id or run_dir.name,
+                rank=self.rank,
+                world=self.world,
+                per_pod=per_pod,
+                group=PeerCopies.new_group(),
+                emit=self._emit,
+            )
 
     # -- helpers ---------------------------------------------------------------------------
     def _emit(self, event: Event) -> None:
@@ -622,6 +645,9 @@ class Checkpointer:
             self._seal(save)
         finally:
             save.sealed.set()
+            if self.peers is not None and not save.inline:
+                sealed = save.host_slot if save.error is None and not self.aborted else None
+                self.peers.submit(save.step, save.token, self.host, sealed)
         try:
             if save.future is not None:
                 save.future.result()
@@ -852,6 +878,9 @@ class Checkpointer:
 
     def close(self) -> None:
         self.wait()
+        if self.peers is not None:
+            # The last save's copy is being exchanged: the peers wait for this rank's part.
+            self.peers.drain(60.0)
         if self.stager is not None:
             with contextlib.suppress(Exception):
                 self.stager.close()
@@ -889,6 +918,8 @@ class Checkpointer:
         in-process restart, after ``settle``)."""
         self.aborted = True
         self.inflight = None
+        if self.peers is not None:
+            self.peers.stop()
 
     # -- restoring -------------------------------------------------------------------------
     def _verify(self, folder: Path, step: int, *, whole: bool = False) -> str | None:
@@ -1004,7 +1035,7 @@ class Checkpointer:
     def _restore_from_memory(self, newest: int, t0: float) -> bool:
         """After an in-process restart every rank may still hold the staged copy of the newest
         committed checkpoint: then load it from host memory instead of storage."""
-        if self.host is not None:
+        if self.host is not None or self.peers is not None:
             return self._restore_from_host(newest, t0)
         held = _IN_MEMORY.get(str(self.run_dir)) if self.policy.in_memory else None
         mine = held is not None and newest > 0 and held.step == newest
@@ -1035,24 +1066,30 @@ class Checkpointer:
 
     def _restore_from_host(self, newest: int, t0: float) -> bool:
         """Load the host copy of the newest committed checkpoint that this pod's files hold (see
-        ``hostcopy``), when every rank has a good one; else note why for the storage restore."""
-        assert self.host is not None
-        slot, why = None, "no checkpoint committed yet"
+        ``hostcopy``), when every rank has a good one; ranks of a replaced pod first get theirs
+        from the pod that kept it (``peercopy``). Else note why for the storage restore."""
+        slot, why, origin = None, "no checkpoint committed yet", "memory"
         live: Any = None
+        token: str | None = None
         if newest > 0:
-            token: str | None = None
             with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
                 committed = json.loads((_step_dir(self.run_dir, newest) / COMMITTED).read_text())
                 token = committed.get("token")
             try:
                 live = self._state()
-                slot, why = self.host.find(step=newest, token=token, state=live)
+                if self.host is None:
+                    why = "this rank keeps no host copy"
+                else:
+                    slot, why = self.host.find(step=newest, token=token, state=live)
             except Unsupported as exc:
                 why = str(exc)
+        if self.peers is not None and newest > 0:
+            slot, why, origin = self._from_peer(newest, token, live, slot, why)
         agreed = self._everyone(slot is not None)
         if not agreed or slot is None:
             self.memory_problem = why or "another rank has no usable copy"
             return False
+        assert self.host is not None
         failed = ""
         try:
             state, extra = self.host.load(slot, live)
@@ -1065,10 +1102,34 @@ class Checkpointer:
         self.last_saved = self.newest_committed = newest
         self._emit(
             CheckpointRestored(
-                step=newest, origin="memory", seconds=round(time.monotonic() - t0, 6), bytes=_nbytes(live)
+                step=newest, origin=origin, seconds=round(time.monotonic() - t0, 6), bytes=_nbytes(live)
             )
         )
         return True
+
+    def _from_peer(
+        self, step: int, token: str | None, live: Any, slot: Any, why: str
+    ) -> tuple[Any, str, str]:
+        """Every rank: the ranks without a copy of their own get theirs from the rank that kept
+        it, when every one of them can. Returns this rank's (slot, why not, origin)."""
+        assert self.peers is not None
+        peers = self.peers
+        needing, problem = peers.plan(slot is not None, peers.holds(step=step, token=token), self.group)
+        if not needing:
+            return slot, why, "memory"
+        if problem:
+            return slot, f"{why}; {problem}" if why else problem, "memory"
+        try:
+            layout = Layout.of(live) if live is not None else None
+            got, problem = peers.bring_back(needing, self.host, layout)
+        except Exception as exc:  # noqa: BLE001 - every rank then reads storage
+            got, problem = None, f"receiving it failed: {exc!r}"[:300]
+        if self.rank not in needing:
+            return slot, why, "memory"
+        if got is None or self.host is None:
+            return None, problem or "no copy came from the peer", "peer"
+        slot, why = self.host.find(step=step, token=token, state=live)
+        return slot, (f"the copy rank {peers.buddy} kept: {why}" if why else ""), "peer"
 
     def _apply(self, state: dict[str, Any], extra: dict[str, Any] | None) -> None:
         if self.optimizer is not None:

@@ -147,8 +147,7 @@ def _hash(data: memoryview | bytes) -> str:
 class _Slot:
     """One of a rank's two copies: a memory-mapped data file, the rest of the state, a header."""
 
-    def __init__(self, folder: Path, rank: int, index: int) -> None:
-        stem = f"rank{rank}.slot{index}"
+    def __init__(self, folder: Path, stem: str, index: int) -> None:
         self.data = folder / f"{stem}.bin"
         self.extra = folder / f"{stem}.extra"
         self.header = folder / f"{stem}.json"
@@ -167,11 +166,15 @@ class _Slot:
     def open(self, layout: Layout) -> None:
         """Map the data file at ``layout``'s size (creating or resizing it; its memory is
         reserved here, so a full ``/dev/shm`` is an ``OSError`` now, not a SIGBUS later)."""
-        if self.map is not None and len(self.map) == max(layout.nbytes, 1):
-            self._views(layout)
+        self.open_bytes(layout.nbytes)
+        self._views(layout)
+
+    def open_bytes(self, nbytes: int) -> None:
+        """Map the data file at ``nbytes`` (see ``open``); no views."""
+        size = max(nbytes, 1)
+        if self.map is not None and len(self.map) == size:
             return
         self.close()
-        size = max(layout.nbytes, 1)
         fd = os.open(self.data, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             if os.fstat(fd).st_size != size:
@@ -183,7 +186,6 @@ class _Slot:
         finally:
             os.close(fd)
         self.flat = torch.frombuffer(self.map, dtype=torch.uint8)
-        self._views(layout)
 
     def _views(self, layout: Layout) -> None:
         assert self.flat is not None
@@ -218,6 +220,18 @@ class _Slot:
             return None
         return header if isinstance(header, dict) else None
 
+    def drop_header(self) -> None:
+        """The slot is being rewritten: until its new header is in place it is no copy."""
+        with contextlib.suppress(FileNotFoundError):
+            self.header.unlink()
+
+    def write_rest(self, extra: bytes, header: bytes) -> None:
+        """Put the extra state, then the header, in place (each renamed in whole)."""
+        for path, data in ((self.extra, extra), (self.header, header)):
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+
 
 class HostCopy:
     """This rank's two slots in ``folder``. Also the ``AsyncStager`` of its async saves: the
@@ -228,7 +242,7 @@ class HostCopy:
         self.run_id = run_id
         self.rank = rank
         self.world = world
-        self.slots = [_Slot(folder, rank, i) for i in range(_SLOTS)]
+        self.slots = [_Slot(folder, f"rank{rank}.slot{i}", i) for i in range(_SLOTS)]
         self.layout: Layout | None = None
         self.lock = threading.Lock()
         self.keep: int | None = None
@@ -344,13 +358,44 @@ class HostCopy:
         with self.lock:
             if slot.generation != generation:
                 return
-            tmp = slot.extra.with_name(slot.extra.name + ".tmp")
-            tmp.write_bytes(rest)
-            os.replace(tmp, slot.extra)
-            tmp = slot.header.with_name(slot.header.name + ".tmp")
-            tmp.write_text(json.dumps(header, sort_keys=True), encoding="utf-8")
-            os.replace(tmp, slot.header)
+            slot.write_rest(rest, json.dumps(header, sort_keys=True).encode())
             slot.step = step
+
+    def sealed(self, slot: _Slot, generation: int, *, step: int, token: str) -> tuple[bytes, bytes] | None:
+        """(header, extra) of ``slot`` when it still holds the sealed copy of ``step``'s save
+        ``token`` (not restaged since ``generation``); else None. What a peer copy is made of,
+        with the slot's data."""
+        with self.lock:
+            if slot.generation != generation or slot.step != step or slot.map is None:
+                return None
+            try:
+                header = slot.header.read_bytes()
+                extra = slot.extra.read_bytes()
+            except OSError:
+                return None
+        try:
+            fields = json.loads(header)
+        except ValueError:
+            return None
+        return (header, extra) if fields.get("token") == token and fields.get("step") == step else None
+
+    def receiving_slot(self, layout: Layout) -> _Slot:
+        """A slot to receive this rank's copy into from the pod that kept it (a replacement pod
+        holds none of its own): mapped at ``layout``, no header until ``adopt``."""
+        with self.lock:
+            self.layout = layout
+            slot = self.slots[0]
+            slot.generation += 1
+            slot.step = None
+            slot.drop_header()
+            slot.open(layout)
+        return slot
+
+    def adopt(self, slot: _Slot, header: bytes, extra: bytes) -> None:
+        """``slot``'s data was received: put the received extra state and header in place;
+        ``find`` then checks it like any copy of this rank's."""
+        with self.lock:
+            slot.write_rest(extra, header)
 
     def forget(self, step: int) -> None:
         """A save of ``step`` was dropped: its copy must never pass for a later commit of it."""

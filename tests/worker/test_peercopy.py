@@ -1,0 +1,168 @@
+"""Host copies kept on another pod (``nvtrain.worker.peercopy``): 4 real gloo ranks on two
+emulated pods (2 ranks each, a host-copy folder per pod). After the saves every rank's copy is
+also in the other pod's folder; when pod 1 is lost (its folder gone), its ranks get their copies
+back from pod 0 and the state restored is bitwise the saved one; a damaged or missing peer copy
+is never loaded and every rank reads storage instead, saying why."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from worker_helpers import BIN, child_env, free_port_pair
+
+from nvtrain.events import read_events
+
+pytestmark = pytest.mark.slow
+
+WORLD, PER_POD = 4, 2
+
+
+def _ranks(base: Path, mode: str) -> list[dict[str, Any]]:
+    """Run ``peer_copies.py MODE`` as ranks 0-3 (pod ``rank // 2``'s folder: base/shm/pod<i>)."""
+    port = free_port_pair()
+    procs = []
+    for rank in range(WORLD):
+        env = child_env(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank % PER_POD),
+            WORLD_SIZE=str(WORLD),
+            LOCAL_WORLD_SIZE=str(PER_POD),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            NVTRAIN_HOST_COPY_DIR=str(base / "shm" / f"pod{rank // PER_POD}"),
+        )
+        argv = [
+            sys.executable,
+            str(BIN / "peer_copies.py"),
+            mode,
+            str(base / "run"),
+            str(base / f"{mode}{rank}.json"),
+        ]
+        procs.append(
+            subprocess.Popen(
+                argv,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+        )
+    outputs = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=100)
+            outputs.append(out)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+    assert [p.returncode for p in procs] == [0] * WORLD, "\n".join(o[-3000:] for o in outputs)
+    return [json.loads((base / f"{mode}{rank}.json").read_text()) for rank in range(WORLD)]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """Steps 10 and 20 saved by 4 ranks on 2 pods; (the folder, each rank's digest at step 20)."""
+    base = tmp_path_factory.mktemp("peer")
+    for pod in range(WORLD // PER_POD):
+        (base / "shm" / f"pod{pod}").mkdir(parents=True)
+    results = _ranks(base, "save")
+    digests = [r["saved"] for r in results]
+    assert len(set(digests)) == WORLD, digests  # each rank's state is its own
+    return base, digests
+
+
+def _copy(saved: tuple[Path, list[str]], tmp_path: Path) -> Path:
+    base = tmp_path / "job"
+    shutil.copytree(saved[0] / "run", base / "run")
+    shutil.copytree(saved[0] / "shm", base / "shm")
+    return base
+
+
+def _lose_pod_1(base: Path) -> None:
+    """Pod 1 is replaced: its memory (and every copy in it) is gone."""
+    shutil.rmtree(base / "shm" / "pod1")
+    (base / "shm" / "pod1").mkdir()
+
+
+def _restores(base: Path) -> list[Any]:
+    return [e for e in read_events(base / "run" / "events.jsonl") if e.name == "checkpoint_restored"]
+
+
+def test_every_copy_is_also_kept_by_a_rank_of_the_other_pod(saved: tuple[Path, list[str]]) -> None:
+    base, _ = saved
+    for pod, kept in ((0, (2, 3)), (1, (0, 1))):
+        folder = base / "shm" / f"pod{pod}"
+        for source in kept:
+            header = json.loads((folder / f"peer-rank{source}.json").read_text())
+            assert (header["rank"], header["world"], header["step"]) == (source, WORLD, 20), header
+            assert header["run_id"] == "peer-copies"
+            assert (folder / f"peer-rank{source}.bin").stat().st_size == header["bytes"]
+    replicated = [e for e in read_events(base / "run" / "events.jsonl") if e.name == "checkpoint_replicated"]
+    for rank in range(WORLD):
+        mine = {e.step: e for e in replicated if e.rank == rank}
+        assert sorted(mine) == [10, 20], replicated
+        assert mine[20].error is None and mine[20].to_rank == (rank + PER_POD) % WORLD, mine[20]
+        assert mine[20].sent_bytes and mine[20].received_bytes, mine[20]
+
+
+def test_a_lost_pod_restores_from_its_peers_bitwise(saved: tuple[Path, list[str]], tmp_path: Path) -> None:
+    base = _copy(saved, tmp_path)
+    _lose_pod_1(base)
+    results = _ranks(base, "restore")
+    for rank, result in enumerate(results):
+        assert result["restored"] == [{"step": 20, "digest": saved[1][rank]}] * 2, (rank, result)
+    restores = _restores(base)
+    first = {e.rank: e.origin for e in restores[:WORLD]}
+    assert first == {0: "memory", 1: "memory", 2: "peer", 3: "peer"}, restores
+    # What came back is pod 1's own copy again: the next restore needs no peer.
+    assert {e.rank: e.origin for e in restores[WORLD:]} == dict.fromkeys(range(WORLD), "memory"), restores
+
+
+def test_a_damaged_peer_copy_is_not_loaded_and_storage_is_read(
+    saved: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    base = _copy(saved, tmp_path)
+    kept = base / "shm" / "pod0" / "peer-rank2.bin"
+    data = bytearray(kept.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    kept.write_bytes(bytes(data))
+    _lose_pod_1(base)
+    results = _ranks(base, "restore")
+    for rank, result in enumerate(results):
+        assert result["restored"][0] == {"step": 20, "digest": saved[1][rank]}, (rank, result)
+    first = _restores(base)[:WORLD]
+    assert {e.origin for e in first} == {"storage"}, first
+    problem = next(e.memory_problem for e in first if e.rank == 2)
+    assert problem is not None and "rank 0 kept" in problem and "does not match its hash" in problem, first
+
+
+def test_a_missing_peer_copy_sends_every_rank_to_storage(
+    saved: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    base = _copy(saved, tmp_path)
+    (base / "shm" / "pod0" / "peer-rank3.json").unlink()
+    _lose_pod_1(base)
+    results = _ranks(base, "restore")
+    for rank, result in enumerate(results):
+        assert result["restored"][0] == {"step": 20, "digest": saved[1][rank]}, (rank, result)
+    first = _restores(base)[:WORLD]
+    assert {e.origin for e in first} == {"storage"}, first
+    problems = {e.rank: e.memory_problem or "" for e in first}
+    assert problems[3] == "slot 0: no header; slot 1: no header; " + (
+        "rank(s) 3 have no copy of their own and no peer keeps one"
+    ), problems
+    assert problems[0] == "rank(s) 3 have no copy of their own and no peer keeps one", problems
