@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 16 on one GPU, part 2: SIGKILL -> next step with the host copy and a warm start.
-#   bash benchmarks/recovery/gpu_warm.sh demo4096   # the demo --width 4096: memory, warm, storage
+#   bash benchmarks/recovery/gpu_warm.sh demo4096   # the demo --width 4096: memory, warm, storage (or $ARMS)
 #   bash benchmarks/recovery/gpu_warm.sh sigkill    # a plain torchrun script: nvtrain, warm, torchrun
 #   bash benchmarks/recovery/gpu_warm.sh demo4gb    # the 4 GB demo: warm vs storage
 # (NVRx and its needs carried as wheels in .whl/; results into $OUT.)
@@ -11,7 +11,7 @@ for part in "$@"; do
   case $part in
     demo4096)
       timeout 330 python3 benchmarks/recovery/hostcopy.py --nproc 1 --backend nccl --demo-args "--width 4096" \
-        --arms warm,memory,storage --faults 4 --repeats 1 --steps 90 --disk-gb 1 --timeout 110 --out /tmp/hc \
+        --arms "${ARMS:-warm,memory,storage}" --faults 4 --repeats 1 --steps 90 --disk-gb 1 --timeout 110 --out /tmp/hc \
         --json "$OUT/warm-4096.json" > "$OUT/warm-4096.log" 2>&1
       echo "demo4096 exit $?"; grep -v "Warning\|warn" "$OUT/warm-4096.log" | tail -8 ;;
     sigkill)

@@ -127,7 +127,7 @@ class Context:
         slot = (str(self.run_dir), key)
         shape = (self.rank, self.world_size)
         kept = _KEPT.get(slot)
-        if kept is not None and kept[0] == shape and self._restorable():
+        if kept is not None and kept[0] == shape and self.restorable:
             self._reused.append(key)
             if self.events is not None:
                 self.events.emit(ObjectReused(rank=self.rank, key=key, iteration=self.iteration))
@@ -136,7 +136,13 @@ class Context:
         _KEPT[slot] = (shape, value)
         return value
 
-    def _restorable(self) -> bool:
+    @property
+    def restorable(self) -> bool:
+        """This run has a committed checkpoint, so ``checkpointer()`` will (normally) overwrite
+        the model's and optimizer's state: a script may build the model without initialising it
+        (on the meta device, then ``to_empty``) and save that time on every restart. If the
+        restore finds nothing usable after all, ``start_step`` is 0 and the script initialises
+        the model then."""
         return bool(committed_steps(self.run_dir))
 
     def step_done(self, step: int, **metrics: float) -> None:
