@@ -2,7 +2,7 @@
 # Issue 16 on one GPU, part 2: SIGKILL -> next step with the host copy and a warm start.
 #   bash benchmarks/recovery/gpu_warm.sh demo4096   # the demo --width 4096: memory, warm, storage (or $ARMS)
 #   bash benchmarks/recovery/gpu_warm.sh sigkill    # a plain torchrun script: nvtrain, warm, torchrun
-#   bash benchmarks/recovery/gpu_warm.sh demo4gb    # the 4 GB demo: warm vs storage
+#   bash benchmarks/recovery/gpu_warm.sh demo4gb    # the 4 GB demo: warm vs storage ($FAULTS, $STEPS)
 # (NVRx and its needs carried as wheels in .whl/; results into $OUT.)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
@@ -19,8 +19,9 @@ for part in "$@"; do
         --json "$OUT/sigkill-warm.json" > "$OUT/sigkill-warm.log" 2>&1
       echo "sigkill exit $?"; grep -E "^\| (nvtrain|torchrun)|^- median" "$OUT/sigkill-warm.log" | head -20 ;;
     demo4gb)
-      timeout 330 python3 benchmarks/recovery/hostcopy.py --nproc 1 --backend nccl \
-        --demo-args "--width 8192 --depth 5" --arms warm,storage --faults 2 --repeats 1 --steps 60 --interval 20 \
+      timeout 500 python3 benchmarks/recovery/hostcopy.py --nproc 1 --backend nccl \
+        --demo-args "--width 8192 --depth 5" --arms warm,storage --faults "${FAULTS:-2}" --repeats 1 \
+        --steps "${STEPS:-60}" --interval 20 \
         --step-time 0.2 --disk-gb 1 --timeout 160 --out /tmp/hc4 \
         --json "$OUT/warm-4gb.json" > "$OUT/warm-4gb.log" 2>&1
       echo "demo4gb exit $?"; grep -v "Warning\|warn" "$OUT/warm-4gb.log" | tail -7 ;;

@@ -41,6 +41,9 @@ BASE = (
     "torch.distributed.checkpoint.state_dict",
     "torch.distributed.fsdp",
     "torch.distributed.tensor",
+    # The first optimizer a process builds imports this (torch.optim's compile checks): 1.6-2.3 s
+    # of every warm worker's start on an H200 (benchmarks/recovery/restore_phases.py).
+    "torch._dynamo",
     "nvidia_resiliency_ext.fault_tolerance",
     "nvidia_resiliency_ext.inprocess",
     "nvtrain.worker",
