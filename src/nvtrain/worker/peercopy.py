@@ -188,6 +188,9 @@ class PeerCopies:
             try:
                 if not self.stopped and not self.broken:
                     self._exchange(*item)
+            except Exception as exc:  # noqa: BLE001 - the copy is only a faster restore
+                self.broken = True
+                say(f"peer copies are off until the next restart: {exc!r}")
             finally:
                 with self.lock:
                     self.pending -= 1
@@ -296,15 +299,22 @@ class PeerCopies:
         Returns (the slot received into or None, why it could not be used)."""
         pending: _Pending = []
         if self.source in needing:
-            header = self.kept.header.read_bytes()
-            extra = self.kept.extra.read_bytes()
-            nbytes = int(json.loads(header)["bytes"])
-            self.kept.open_bytes(nbytes)
-            assert self.kept.flat is not None
-            pending = _post(self.group, self.source, header, extra, self.kept.flat[:nbytes])
+            try:
+                header = self.kept.header.read_bytes()
+                extra = self.kept.extra.read_bytes()
+                nbytes = int(json.loads(header)["bytes"])
+                self.kept.open_bytes(nbytes)
+                assert self.kept.flat is not None
+                data: torch.Tensor | None = self.kept.flat[:nbytes]
+            except (OSError, ValueError, KeyError, TypeError):  # gone since ``holds``: send none
+                header, extra, data = b"", b"", None
+            pending = _post(self.group, self.source, header, extra, data)
         slot, why = None, ""
         if self.rank in needing:
             header_size, extra_size, nbytes = _receive_sizes(self.group, self.buddy)
+            if header_size == 0:
+                _wait(pending)
+                return None, f"rank {self.buddy} sent no copy"
             header = _receive_bytes(self.group, self.buddy, header_size)
             extra = _receive_bytes(self.group, self.buddy, extra_size)
             target = None
