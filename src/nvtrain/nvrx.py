@@ -72,6 +72,20 @@ class NvrxVersion:
         return self.barrier_rendezvous
 
     @property
+    def default_heartbeat_timeouts(self) -> tuple[float | None, float | None]:
+        """NVRx's own (initial, steady-state) heartbeat timeouts when its config sets none:
+        3600 s and 2700 s on 0.4, None (no hang detection) from 0.6 on. 0.4's
+        ``--ft-*-timeout`` options take numbers only, so nvtrain passes an unset timeout as
+        ``null`` in the ``--ft-cfg-path`` file, on every version (``launcher.plan.ft_config``)."""
+        return (3600.0, 2700.0) if not self.barrier_rendezvous else (None, None)
+
+    @property
+    def rejects_unknown_sections(self) -> bool:
+        """0.4: a section the workers open that ``rank_section_timeouts`` does not name raises
+        ``RankMonitorClientError`` in the worker; 0.6+ ignores it."""
+        return not self.barrier_rendezvous
+
+    @property
     def has_no_restart_exit_code(self) -> bool:
         """0.7 exits 93 when it decides a restart is pointless."""
         return (self.major, self.minor) >= (0, 7)

@@ -212,10 +212,11 @@ class Running:
             time.sleep(0.1)
 
     def launcher_seen(self) -> bool:
-        """Whether ft_launcher ever ran: its own log lines in stdout (``[ft_launcher<pid>@host]``
-        in NVRx 0.4, ``Using nproc_per_node=`` in all), or a process seen among the descendants
-        (the sampler alone can miss a launcher that lives a few seconds on a loaded machine)."""
-        if re.search(r"\[ft_launcher\d+@|Using nproc_per_node=", self.stdout):
+        """Whether ft_launcher ever ran: its own log lines in the output (``[ft_launcher<pid>@host]``
+        in NVRx 0.4, ``Using nproc_per_node=`` in all; nvtrain shows its warnings and errors on
+        stderr), or a process seen among the descendants (the sampler alone can miss a launcher
+        that lives a few seconds on a loaded machine)."""
+        if re.search(r"\[ft_launcher\d+@|Using nproc_per_node=", self.stdout + self.stderr):
             return True
         return any(LAUNCHER_MODULE in " ".join(cmd) for cmd in self.seen.values())
 

@@ -80,13 +80,13 @@ def test_stop_an_exited_child_returns_its_code() -> None:
     assert child.stop(time.monotonic() + 5) == 3
 
 
-def test_captured_output() -> None:
-    child = Child(["sh", "-c", "echo HELLO; echo ERR >&2"], os.environ, capture=True)
-    assert child.popen.stdout is not None
-    with child.popen.stdout:
-        text = child.popen.stdout.read()
+def test_captured_output_keeps_stdout_and_stderr_apart() -> None:
+    child = Child(["sh", "-c", "echo HELLO; echo ERR >&2; echo BYE"], os.environ, capture=True)
+    assert child.popen.stdout is not None and child.popen.stderr is not None
+    with child.popen.stdout, child.popen.stderr:
+        out, err = list(child.stdout_lines()), list(child.stderr_lines())
     assert child.wait(5) == 0
-    assert text.splitlines() == ["HELLO", "ERR"]
+    assert (out, err) == (["HELLO\n", "BYE\n"], ["ERR\n"])
 
 
 # Runs in its own interpreter: becomes a subreaper, starts a child whose grandchild leaves the

@@ -133,8 +133,9 @@ class _StandInSupervisor(Supervisor):
     def close(self) -> None:
         """Close what ``nvtrain run`` leaves to its exit: the pipes, the guards' exit status."""
         for child in self.children:
-            assert child.popen.stdout is not None
+            assert child.popen.stdout is not None and child.popen.stderr is not None
             child.popen.stdout.close()
+            child.popen.stderr.close()
             if child.guard is not None:
                 child.guard.wait(timeout=30)
 

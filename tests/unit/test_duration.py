@@ -148,16 +148,16 @@ def test_format_keeps_every_digit_and_can_be_parsed(seconds: float) -> None:
 
 def _schema_pattern() -> re.Pattern[str]:
     schema = json.loads(schema_json())
-    duration = schema["$defs"]["Heartbeat"]["properties"]["timeout"]
+    duration = schema["$defs"]["Heartbeat"]["properties"]["monitor_interval"]
     (string_branch,) = [b for b in duration["anyOf"] if b.get("type") == "string"]
     return re.compile(string_branch["pattern"])
 
 
 def test_schema_describes_durations() -> None:
     schema = json.loads(schema_json())
-    duration = schema["$defs"]["Heartbeat"]["properties"]["timeout"]
+    duration = schema["$defs"]["Heartbeat"]["properties"]["monitor_interval"]
     assert {"type": "number", "exclusiveMinimum": 0} in duration["anyOf"]
-    assert duration["default"] == 900.0
+    assert duration["default"] == 5.0
 
 
 @pytest.mark.parametrize("text", ["90s", "1h30m", "250ms", " 1m 30s ", "1.5s", "1h 30m", "1d"])

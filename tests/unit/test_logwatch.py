@@ -3,11 +3,20 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from nvtrain.launcher.logwatch import RENDEZVOUS_TIMEOUT, signal_name
+from nvtrain.launcher.logwatch import (
+    RENDEZVOUS_TIMEOUT,
+    LogSorter,
+    Raised,
+    caused_by_peer,
+    read_raised,
+    signal_name,
+)
 from nvtrain.launcher.logwatch import parse_line as parse_event_line
 
 
@@ -160,6 +169,31 @@ def test_hang_detected_by_the_rank_monitor() -> None:
     assert parse_line(initial) == ("hang_detected", {"rank": 0, "heartbeat": "initial"})
 
 
+@pytest.mark.parametrize(
+    ("line", "fields"),
+    [
+        (
+            "[2026-12-02 21:10:01,203] [WARNING] [RankMonServer812@vm:1] Section 'step' has been open "
+            "for 3.41 seconds. Timeout is 3.00 seconds.",
+            {"rank": 1, "section": "step"},
+        ),
+        (
+            "[2026-12-02 21:10:01,203] [WARNING] [RankMonServer812@vm:0] Was out of section for 31.02 "
+            "seconds. Timeout is 30.00 seconds.",
+            {"rank": 0, "section": "out-of-section"},
+        ),
+        (
+            "2026-12-02 21:10:01,318 [WARNING] [vm] [workload:?(1) infra:?(?)] rank_monitor_server.py:523 "
+            "[Cycle 0] Section 'checkpoint' has been open for 61.00 seconds. Timeout is 60.00 seconds.",
+            {"local_rank": 1, "section": "checkpoint"},
+        ),
+    ],
+)
+def test_a_section_open_too_long_is_a_hang(line: str, fields: dict[str, object]) -> None:
+    # NVRx's sections API: the monitor names the section instead of a heartbeat.
+    assert parse_line(line) == ("hang_detected", fields)
+
+
 @pytest.mark.parametrize("line", IGNORED)
 def test_other_lines_are_ignored(line: str) -> None:
     assert parse_line(line) is None
@@ -179,3 +213,82 @@ def test_other_lines_are_ignored(line: str) -> None:
 )
 def test_signal_name(code: int, name: str | None) -> None:
     assert signal_name(code) == name
+
+
+# -- the launcher's own lines (LogSorter) ------------------------------------------------------
+
+_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvrx_logs"
+
+
+@pytest.mark.parametrize("log", sorted(_FIXTURES.glob("*/*.log")), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_the_launchers_lines_are_told_from_the_workers(log: Path) -> None:
+    # Real ft_launcher logs of NVRx 0.4.1, 0.6.0 and 0.7.0 (both streams together: one sorter).
+    sorter = LogSorter()
+    hidden, shown_launcher, other = [], [], []
+    for line in log.read_text(encoding="utf-8").splitlines(keepends=True):
+        launchers, shown = sorter.sort(line)
+        (other if not launchers else shown_launcher if shown else hidden).append(line)
+    # every worker line stays, and nothing the launcher logs at INFO is shown
+    assert all(not line.startswith("WORKER") for line in hidden + shown_launcher)
+    assert any(line.startswith("WORKER") for line in other) or "rendezvous_timeout" in log.name
+    warnings = {_message(line) for line in shown_launcher if re.search(r"\[WARNING\]|^W\d{4} ", line)}
+    assert all(
+        re.search(r"\[INFO\]|\[ALWAYS\]|^I\d{4} |^\s", line) or _message(line) in warnings for line in hidden
+    ), hidden
+    assert all(re.search(r"\[(WARNING|ERROR)\]|^[WE]\d{4} ", line) for line in shown_launcher)
+    assert [line for line in hidden + other if re.search(r"\[ERROR\]|^E\d{4} ", line)] == []
+    # the launch configuration's table goes with its record, and the agent's INFO lines too
+    assert any("rdzv_endpoint    :" in line for line in hidden)
+    assert not any(re.search(r"\[INFO\]|^\s+\w+\s*:", line) for line in other), other
+    # a warning repeated word for word is shown once
+    assert len(warnings) == len([line for line in shown_launcher if _message(line) in warnings])
+
+
+def _message(line: str) -> str:
+    """A log line without its date, level and logger (the pid of its writer)."""
+    return re.sub(r"^.*?(\] |launcher\.py:\d+ |\.py:\d+\] )", "", line.split("] [", 3)[-1])
+
+
+def test_a_workers_line_after_a_launcher_record_stays_the_workers() -> None:
+    sorter = LogSorter()
+    record = (
+        "[2026-12-02 09:15:22,262] [INFO] [ft_launcher1@vm] Starting elastic_operator with launch configs:\n"
+    )
+    lines = [record, "  entrypoint       : train.py\n", "\n", "\n", '  File "x.py", line 1\n', "loss: 1.0\n"]
+    assert [sorter.sort(line) for line in lines] == [
+        (True, False),
+        (True, False),
+        (True, False),
+        (False, True),  # a second blank line: the table ended at the first
+        (False, True),  # not a table row (a worker's traceback)
+        (False, True),
+    ]
+    assert sorter.sort(record) == (True, False)
+    assert sorter.sort("loss: 1.0\n") == (False, True)  # not indented: not a row
+
+
+@pytest.mark.parametrize(
+    ("line", "raised"),
+    [
+        ("[rank1]: Traceback (most recent call last):\n", Raised(1, None)),
+        ('[rank1]:   File "/job/train.py", line 7, in <module>\n', Raised(1, None)),
+        ("[rank12]: RuntimeError: boom at step 3\n", Raised(12, "RuntimeError: boom at step 3")),
+        (
+            "[rank0]: torch.distributed.DistBackendError: NCCL error\n",
+            Raised(0, "torch.distributed.DistBackendError: NCCL error"),
+        ),
+        ("[rank0]: KeyboardInterrupt\n", Raised(0, "KeyboardInterrupt")),
+        ("[rank0]: During handling of the above exception, another exception occurred:\n", Raised(0, None)),
+        ("RuntimeError: boom\n", None),
+    ],
+)
+def test_read_raised(line: str, raised: Raised | None) -> None:
+    assert read_raised(line) == raised
+
+
+def test_caused_by_peer() -> None:
+    assert caused_by_peer(
+        "RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer [::1]:1"
+    )
+    assert caused_by_peer("torch.distributed.DistBackendError: NCCL communicator was aborted on rank 1.")
+    assert not caused_by_peer("RuntimeError: boom at step 3")

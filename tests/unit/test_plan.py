@@ -27,7 +27,14 @@ from nvtrain.errors import UsageError
 from nvtrain.launcher.control import ControlPlan, build_control_plan
 from nvtrain.launcher.dns import pod_name
 from nvtrain.launcher.identity import Identity, identify
-from nvtrain.launcher.plan import LAUNCHER_MODULE, LaunchPlan, build_plan
+from nvtrain.launcher.plan import (
+    LAUNCHER_MODULE,
+    LaunchPlan,
+    build_plan,
+    ft_config,
+    ft_config_text,
+    uses_worker_library,
+)
 from nvtrain.nvrx import NvrxVersion
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "dryrun"
@@ -38,6 +45,7 @@ V041, V060, V070 = (NvrxVersion.parse(v) for v in ("0.4.1", "0.6.0", "0.7.0"))
 RUN_ID = "llm-train-20260101-000000-abc123"
 POLICY_PATH = "/tmp/nvtrain-llm-train-20260101-000000-abc123-node0/policy.json"
 EVENTS_PATH = "/checkpoints/llm-train/llm-train-20260101-000000-abc123/events.jsonl"
+FT_CONFIG_PATH = "/tmp/nvtrain-llm-train-20260101-000000-abc123-node0/ft_config.yaml"
 
 
 def standalone_policy(**job: Any) -> Policy:
@@ -123,6 +131,7 @@ def plan_for(
         policy_path=POLICY_PATH,
         events_path=EVENTS_PATH,
         extra_args=extra_args,
+        ft_config_path=FT_CONFIG_PATH,
     )
 
 
@@ -142,9 +151,10 @@ STANDALONE_TIMINGS = [
     "--monitor-interval=1",  # ft_launcher polls at most every second, whatever the monitors do
     "--term-timeout=90",
     "--workers-stop-timeout=15",  # capped at 15 s
+    f"--ft-cfg-path={FT_CONFIG_PATH}",  # [heartbeat] as NVRx's config file; the CLI repeats what is set
+    "--ft-workload-check-interval=5",
     "--ft-initial-rank-heartbeat-timeout=1200",
     "--ft-rank-heartbeat-timeout=300",
-    "--ft-workload-check-interval=5",
 ]
 
 
@@ -217,9 +227,10 @@ def test_multinode_node0_nvrx_0_4_hosts_the_store() -> None:
         "--term-timeout=10",
         "--workers-stop-timeout=10",
         "--local-addr=10.0.0.10",
+        f"--ft-cfg-path={FT_CONFIG_PATH}",
+        "--ft-workload-check-interval=0.5",
         "--ft-initial-rank-heartbeat-timeout=600",
         "--ft-rank-heartbeat-timeout=120",
-        "--ft-workload-check-interval=0.5",
         "--ft-restart-policy=any-failed",
         # InfiniBand present: the NIC monitor stays on (no --ft-enable-nic-monitor=false)
         "-m",
@@ -252,9 +263,10 @@ def test_multinode_node2_nvrx_0_6_and_later(nvrx: NvrxVersion) -> None:
         "--term-timeout=10",
         "--workers-stop-timeout=10",
         "--local-addr=10.0.0.12",
+        f"--ft-cfg-path={FT_CONFIG_PATH}",
+        "--ft-workload-check-interval=0.5",
         "--ft-initial-rank-heartbeat-timeout=600",
         "--ft-rank-heartbeat-timeout=120",
-        "--ft-workload-check-interval=0.5",
         # InfiniBand and a GPU: NIC health check and GPU memory reclaim stay on
         "-m",
         "mypkg.train",
@@ -325,7 +337,7 @@ def test_hardware_dependent_flags(
     nvrx: NvrxVersion, has_ib: bool, has_gpu: bool, expected: list[str]
 ) -> None:
     plan = plan_for(multinode_policy(), node_identity(1, has_infiniband=has_ib, has_gpu=has_gpu), nvrx)
-    start = plan.argv.index("--ft-workload-check-interval=0.5") + 1
+    start = plan.argv.index("--ft-rank-heartbeat-timeout=120") + 1
     assert plan.argv[start : plan.argv.index("-m", start)] == expected
 
 
@@ -471,6 +483,7 @@ GOLDEN_CASES = {
         lambda: node_identity(0),
         V070,
     ),
+    "heartbeat_unset_sections_nvrx_0_4_1": (lambda: sections_policy(), lambda: standalone_identity(), V041),
 }
 
 
@@ -560,3 +573,172 @@ def test_warm_start_runs_the_client_and_plans_the_server() -> None:
     assert (
         cold.zygote is None and "NVTRAIN_ZYGOTE" not in cold.env and "nvtrain.zygote.client" not in cold.argv
     )
+
+
+# -- [heartbeat]: NVRx's fault-tolerance config, as a file and on the command line --------------
+
+
+def sections_policy(**heartbeat: Any) -> Policy:
+    """No heartbeat timeouts (NVRx's own behaviour), sections as an NVRx sections client uses."""
+    data = standalone_policy().model_dump(by_alias=True, exclude_unset=True)
+    data["heartbeat"] = {
+        "monitor_interval": "1s",
+        "sections": {"init": "5m", "step": "30s", "checkpoint": "auto"},
+        "out_of_section_timeout": "1m",
+        **heartbeat,
+    }
+    return Policy.model_validate(data)
+
+
+def unset_policy() -> Policy:
+    data = standalone_policy().model_dump(by_alias=True, exclude_unset=True)
+    data["heartbeat"] = {"monitor_interval": "5s"}
+    return Policy.model_validate(data)
+
+
+@pytest.mark.parametrize("nvrx", [V041, V060, V070], ids=str)
+def test_unset_heartbeat_timeouts_reach_nvrx_as_null(nvrx: NvrxVersion) -> None:
+    policy = unset_policy()
+    plan = plan_for(policy, standalone_identity(), nvrx)
+    assert f"--ft-cfg-path={FT_CONFIG_PATH}" in plan.argv
+    assert not any("heartbeat-timeout" in a or "section" in a for a in plan.argv)
+    assert "--ft-workload-check-interval=5" in plan.argv
+    assert ft_config(policy.heartbeat) == {
+        "workload_check_interval": 5.0,
+        "initial_rank_heartbeat_timeout": None,
+        "rank_heartbeat_timeout": None,
+        "rank_section_timeouts": {},
+        "rank_out_of_section_timeout": None,
+    }
+
+
+@pytest.mark.filterwarnings("ignore:The pynvml package is deprecated:FutureWarning")
+def test_the_ft_config_file_is_what_nvrx_0_4_reads(tmp_path: Path) -> None:
+    """NVRx's own loader reads the file (JSON, which is YAML): null is None, where 0.4's
+    defaults would be 3600 s and 2700 s; the command line then wins over the file."""
+    from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig
+    from nvidia_resiliency_ext.fault_tolerance.launcher import get_args_parser
+
+    assert V041.default_heartbeat_timeouts == (3600.0, 2700.0)
+    assert V070.default_heartbeat_timeouts == (None, None)
+    policy = sections_policy()
+    path = tmp_path / "ft_config.yaml"
+    path.write_text(ft_config_text(policy.heartbeat), encoding="utf-8")
+    plan = build_plan(
+        policy,
+        standalone_identity(),
+        V041,
+        python="python3",
+        policy_path=POLICY_PATH,
+        events_path=EVENTS_PATH,
+        ft_config_path=str(path),
+    )
+    options = [a for a in plan.argv if a.startswith("--ft-")]
+    cfg = FaultToleranceConfig.from_args(get_args_parser().parse_args([*options, "train.py"]))
+    assert cfg.initial_rank_heartbeat_timeout is None
+    assert cfg.rank_heartbeat_timeout is None
+    assert cfg.rank_section_timeouts == {"init": 300.0, "step": 30.0, "checkpoint": None}
+    assert cfg.rank_out_of_section_timeout == 60.0
+    assert cfg.workload_check_interval == 1.0
+    # Set timeouts are on the command line too, and it wins over the file.
+    set_policy = standalone_policy()
+    path.write_text(ft_config_text(sections_policy().heartbeat), encoding="utf-8")
+    options = [a for a in plan_for(set_policy, standalone_identity(), V041).argv if a.startswith("--ft-")]
+    options = [f"--ft-cfg-path={path}" if a.startswith("--ft-cfg-path") else a for a in options]
+    cfg = FaultToleranceConfig.from_args(get_args_parser().parse_args([*options, "train.py"]))
+    assert (cfg.initial_rank_heartbeat_timeout, cfg.rank_heartbeat_timeout) == (1200.0, 300.0)
+
+
+def test_sections_on_the_command_line_when_one_is_fixed() -> None:
+    plan = plan_for(sections_policy(), standalone_identity(), V041)
+    assert "--ft-rank-section-timeouts=init:300,step:30,checkpoint:none" in plan.argv
+    assert "--ft-rank-out-of-section-timeout=60" in plan.argv
+    auto = sections_policy(sections={"step": "auto"}, out_of_section_timeout="auto")
+    plan = plan_for(auto, standalone_identity(), V070)
+    assert not any("section" in a for a in plan.argv)  # all in the file, as null
+    assert ft_config(auto.heartbeat)["rank_section_timeouts"] == {"step": None}
+    assert ft_config(auto.heartbeat)["rank_out_of_section_timeout"] is None
+
+
+def test_launcher_options_go_after_nvtraines_own_before_the_entrypoint() -> None:
+    plan = build_plan(
+        standalone_policy(),
+        standalone_identity(),
+        V041,
+        python="python3",
+        policy_path=POLICY_PATH,
+        events_path=EVENTS_PATH,
+        launcher_options=("--tee=3", "--log-dir=/tmp/logs"),
+        extra_args=("--seed", "7"),
+    )
+    at = plan.argv.index("--tee=3")
+    assert plan.argv[at - 1] == "--ft-enable-nic-monitor=false"
+    assert plan.argv[at:] == ["--tee=3", "--log-dir=/tmp/logs", "train.py", "--lr", "0.1", "--seed", "7"]
+
+
+def _env_defaults(policy: Policy, tmp_path: Path) -> dict[str, str]:
+    from nvtrain.launcher.rundir import prepare
+
+    return prepare(policy, standalone_identity(), nvrx=V041, python="python3")[0].env_defaults
+
+
+NCCL_AND_LOG = {
+    "TORCH_CPP_LOG_LEVEL": "ERROR",
+    "TORCH_NCCL_RETHROW_CUDA_ERRORS": "0",
+    "NCCL_NVLS_ENABLE": "0",
+}
+
+
+@pytest.mark.parametrize(
+    ("source", "uses"),
+    [
+        ("import torch\nimport torch.distributed as dist\n", False),
+        ("import nvtrain.worker as nw\n", True),
+        ("from nvtrain import worker\n", True),
+        ("def main():\n    from nvtrain.worker import run\n", True),
+        ("import nvtrainer\n", False),
+        ("this is not python(\n", True),  # unreadable counts as yes
+    ],
+)
+def test_env_defaults_only_for_the_worker_library_with_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, uses: bool
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(source, encoding="utf-8")
+    policy = standalone_policy().model_copy(
+        update={"checkpoint": standalone_policy().checkpoint.model_copy(update={"dir": str(tmp_path)})}
+    )
+    assert uses_worker_library(policy.job) is uses
+    assert _env_defaults(policy, tmp_path) == (NCCL_AND_LOG if uses else {})
+    # In-process restart off: nothing, whatever the script.
+    off = policy.model_copy(
+        update={
+            "restart": policy.restart.model_copy(
+                update={"in_process": policy.restart.in_process.model_copy(update={"enabled": False})}
+            )
+        }
+    )
+    assert _env_defaults(off, tmp_path) == {}
+
+
+def test_a_missing_script_counts_as_using_the_worker_library(tmp_path: Path) -> None:
+    assert uses_worker_library(standalone_policy(script=str(tmp_path / "absent.py")).job) is True
+
+
+def test_modules_are_read_without_being_imported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    pkg = tmp_path / "mypkg_nvt"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise SystemExit('imported')\n", encoding="utf-8")
+    (pkg / "plain.py").write_text("import torch\n", encoding="utf-8")
+    (pkg / "lib.py").write_text("from nvtrain.worker import run\n", encoding="utf-8")
+    (pkg / "__main__.py").write_text("import nvtrain.worker\n", encoding="utf-8")
+
+    def job(module: str) -> Any:
+        return standalone_policy(script=None, module=module).job
+
+    assert uses_worker_library(job("mypkg_nvt.plain")) is False
+    assert uses_worker_library(job("mypkg_nvt.lib")) is True
+    assert uses_worker_library(job("mypkg_nvt")) is True  # runs mypkg_nvt/__main__.py
+    assert uses_worker_library(job("mypkg_nvt.absent")) is True  # not found: yes
+    assert uses_worker_library(job("json.tool")) is False  # the standard library, sources read

@@ -143,7 +143,10 @@ class FakeLauncher:
         """(deadline, clock) of each ``stop``."""
         self._output: queue.Queue[str | None] = queue.Queue()
 
-    def lines(self) -> Iterator[str]:
+    def stdout_lines(self) -> Iterator[str]:
+        return iter(())  # NVRx logs to stderr; the workers here print nothing
+
+    def stderr_lines(self) -> Iterator[str]:
         while True:
             line = self._output.get()
             try:
@@ -174,7 +177,7 @@ class FakeLauncher:
 
     def send(self, signum: int) -> None:
         self.sent.append(signum)
-        if signum == signal.SIGTERM and self.on_term is not None and self.code is None:
+        if signum in (signal.SIGTERM, signal.SIGINT) and self.on_term is not None and self.code is None:
             self._exit(self.on_term)
 
     def stop(self, deadline: float) -> int:
@@ -250,6 +253,8 @@ class Node:
     supervisor: FakeSupervisor
     shown: list[Event]
     out: io.StringIO
+    err: io.StringIO
+    launcher_log: io.StringIO
     events: Path
 
     def run(self) -> Outcome:
@@ -270,6 +275,7 @@ def node(
     *,
     rank: int = 0,
     nvrx: NvrxVersion = V041,
+    verbose: bool = False,
     **settings: Any,
 ) -> Node:
     p = policy(tmp_path, **settings)
@@ -279,7 +285,7 @@ def node(
     plan, paths = prepare(p, identity, nvrx=nvrx)
     events = EventLog(paths.events, node=rank, run_id=RUN_ID, source="launcher")
     shown: list[Event] = []
-    out = io.StringIO()
+    out, err, launcher_log = io.StringIO(), io.StringIO(), io.StringIO()
     supervisor = FakeSupervisor(
         plan,
         p,
@@ -289,11 +295,14 @@ def node(
         env={},
         report=shown.append,
         out=out,
+        err=err,
+        launcher_log=launcher_log,
+        verbose=verbose,
         scripts=scripts,
         clock=Clock(),
     )
     events.report = supervisor.events_log_report
-    return Node(supervisor, shown, out, paths.events)
+    return Node(supervisor, shown, out, err, launcher_log, paths.events)
 
 
 def attempts(durations: Sequence[float], *, wait: float = 1.0, local_rank: int = 1) -> list[Tick]:
@@ -320,7 +329,21 @@ def test_a_clean_run_logs_its_start_and_end_and_echoes_ft_launchers_output(tmp_p
     assert [e.name for e in n.shown] == names  # every record logged is shown
     end = logged[-1]
     assert isinstance(end, LauncherExit) and (end.exit_code, end.cause) == (0, outcome.cause)
-    assert n.out.getvalue() == f"{joined(0)}\n{CHATTER}\n"
+    # ft_launcher's INFO lines go to the launcher log only
+    assert (n.out.getvalue(), n.err.getvalue()) == ("", "")
+    assert n.launcher_log.getvalue() == f"{joined(0)}\n{CHATTER}\n"
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_the_launchers_warnings_are_shown_once_and_its_info_with_v(tmp_path: Path, verbose: bool) -> None:
+    warning = "[2026-12-02 09:15:22,556] [WARNING] [ft_launcher12528@vm] GPU Health checks disabled"
+    lines = [joined(0), warning, "WORKER said this", warning.replace("09:15:22", "09:15:27"), CHATTER]
+    n = node(tmp_path, [Script([Tick(lines=lines), Tick(exit=0)])], verbose=verbose)
+    assert n.run().exit_code == 0
+    everything = "".join(line + "\n" for line in lines)
+    shown = everything if verbose else f"{warning}\nWORKER said this\n"
+    assert n.err.getvalue() == shown
+    assert n.launcher_log.getvalue() == everything.replace("WORKER said this\n", "")
 
 
 # -- relaunch of a node that does not host the store -------------------------------------------------
@@ -467,7 +490,7 @@ def test_the_same_attempts_dated_by_the_rendezvous_made_progress(tmp_path: Path)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_a_signal_is_forwarded_to_ft_launcher_as_sigterm(tmp_path: Path, signum: int) -> None:
+def test_a_signal_is_forwarded_to_ft_launcher(tmp_path: Path, signum: int) -> None:
     n = node(tmp_path, [Script([Tick(lines=[joined(0)]), Tick(signal=signum)], on_term=1)])
     handler = signal.getsignal(signum)
     outcome = n.run()
@@ -478,7 +501,9 @@ def test_a_signal_is_forwarded_to_ft_launcher_as_sigterm(tmp_path: Path, signum:
         outcome.cause == f"stopped by {name} on pod trainer-0 (node 0); the workers were asked to stop first"
     )
     [launcher] = n.supervisor.started
-    assert launcher.sent == [signal.SIGTERM] and not launcher.stops
+    # SIGINT stays SIGINT (ft_launcher passes it on to the workers); the others become SIGTERM
+    assert launcher.sent == [signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM]
+    assert not launcher.stops
     assert [s.signal for s in n.logged(SignalReceived)] == [name]
 
 
@@ -569,6 +594,71 @@ def test_a_worker_told_to_stop_is_not_the_root_cause(tmp_path: Path) -> None:
         in outcome.cause
     )
     assert [(f.worker_pid, f.stopped) for f in n.logged(WorkerFailed)] == [(5000, True), (5001, None)]
+
+
+def traceback(rank: int, error: str) -> list[str]:
+    """The lines torch.distributed's excepthook prints for an uncaught exception of ``rank``."""
+    return [
+        f"[rank{rank}]: Traceback (most recent call last):",
+        f'[rank{rank}]:   File "/job/train.py", line 8, in <module>',
+        f"[rank{rank}]:     step(model)",
+        f"[rank{rank}]: {error}",
+    ]
+
+
+PEER_DIED = (
+    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+    "Connection closed by peer [127.0.0.1]:44249. This is typically caused by a remote worker crashing."
+)
+
+
+def test_the_rank_that_raised_first_is_the_root_cause_not_the_one_ft_launcher_named(tmp_path: Path) -> None:
+    # Rank 1 raises; rank 0's collective breaks and it exits at once; ft_launcher finds both dead
+    # in one look and names the lowest local rank, 0.
+    ticks = [
+        Tick(lines=[joined(0)]),
+        Tick(lines=[*traceback(1, "RuntimeError: boom at step 3"), *traceback(0, PEER_DIED)]),
+        Tick(lines=[failed(5000, local_rank=0, code=1)], exit=1),
+    ]
+    n = node(tmp_path, [Script(ticks)], max_restarts=0)
+    outcome = n.run()
+    assert (
+        "Root cause (first failure): local rank 1 on pod trainer-0 (node 0), raised RuntimeError: "
+        "boom at step 3; 2 worker failure(s) in all" in outcome.cause
+    ), outcome.cause
+    logged = [(f.rank, f.local_rank, f.worker_pid, f.exit_code, f.raised) for f in n.logged(WorkerFailed)]
+    assert logged == [(1, 1, None, None, "RuntimeError: boom at step 3"), (0, 0, 5000, 1, PEER_DIED)]
+
+
+@pytest.mark.parametrize(
+    ("raised", "code"),
+    [
+        ([*traceback(0, PEER_DIED)], 3),  # only a broken connection was raised: no fault of its own
+        ([*traceback(0, "ValueError: bad batch")], -9),  # the one ft_launcher named was killed
+        ([*traceback(1, "ValueError: bad batch")], 3),  # the one that raised is the one named
+    ],
+)
+def test_ft_launchers_pick_stays_the_root_cause(tmp_path: Path, raised: list[str], code: int) -> None:
+    ticks = [Tick(lines=[joined(0), *raised]), Tick(lines=[failed(5001, local_rank=1, code=code)], exit=1)]
+    n = node(tmp_path, [Script(ticks)], max_restarts=0)
+    outcome = n.run()
+    assert "Root cause (first failure): local rank 1 on pod trainer-0 (node 0), " in outcome.cause
+    assert [f.local_rank for f in n.logged(WorkerFailed)] == [1]
+
+
+def test_a_traceback_of_an_earlier_attempt_does_not_count(tmp_path: Path) -> None:
+    ticks = [
+        Tick(lines=[joined(0), *traceback(0, "ValueError: bad batch")]),
+        Tick(lines=[failed(5000, local_rank=0, code=1), unhealthy(1, 1)]),
+        Tick(lines=[joined(1)]),
+        Tick(lines=[failed(5011, local_rank=1, code=2)], exit=1),
+    ]
+    n = node(tmp_path, [Script(ticks)], max_restarts=1, escalate_after=5)
+    n.run()
+    assert [(f.local_rank, f.raised) for f in n.logged(WorkerFailed)] == [
+        (0, "ValueError: bad batch"),
+        (1, None),
+    ]
 
 
 def test_a_worker_whose_in_process_restart_gave_up_says_why(tmp_path: Path) -> None:

@@ -139,9 +139,13 @@ def test_a_bad_key_is_not_reported_twice() -> None:
     assert codes(result) == [("value_error", "[heartbeat] timeout", 5)]
 
 
-def test_cross_field_rules_do_not_run_without_a_job_name() -> None:
+def test_cross_field_rules_run_without_a_job_name() -> None:
+    """A missing name hides no other problem: the rules run with a placeholder name."""
     text = '[job]\nscript = "t.py"\n[checkpoint]\ndir = "rel"\n'
-    assert codes(validate_source(text, "p.toml", nvrx=NVRX)) == [("missing", "[job] name", 1)]
+    assert codes(validate_source(text, "p.toml", nvrx=NVRX)) == [
+        ("missing", "[job] name", 1),
+        ("checkpoint-dir", "[checkpoint] dir", 4),
+    ]
 
 
 def test_syntax_error_position() -> None:
@@ -272,7 +276,7 @@ def test_effective_settings_of_a_minimal_file() -> None:
     assert shown[("job", "module")] == "(not set)"
     assert shown[("job", "args")] == "[]"
     assert shown[("job", "collective_timeout")] == '"10m"'
-    assert shown[("heartbeat", "initial_timeout")] == '"20m"'
+    assert shown[("heartbeat", "initial_timeout")] == "(not set)"
     assert shown[("restart.in_process", "hard_timeout")] == '"1m30s"'
     assert shown[("checkpoint", "async")] == "true"
     assert shown[("", "faults")] == "none"
@@ -298,6 +302,8 @@ def test_effective_settings_cover_every_key() -> None:
     assert shown[("", "faults")] == "6 fault(s)"
     assert shown[("job", "args")] == '["--lr", "0.01", "--batch-size=64"]'
     assert shown[("rendezvous", "min_nodes")] == "2"
+    assert shown[("heartbeat", "sections")] == '{init = "20m", step = "auto", checkpoint = "5m"}'
+    assert shown[("heartbeat", "out_of_section_timeout")] == '"auto"'
 
 
 def test_effective_settings_from_dotted_keys_and_inline_tables() -> None:

@@ -71,7 +71,8 @@ def make_app(names: Iterable[str] = COMMANDS) -> typer.Typer:
     )
     made.callback()(_root)
     for name in names:
-        made.command(name)(COMMANDS[name])
+        # `run` cuts its command line after the training script: what follows is the script's.
+        made.command(name, cls=run.RunCommand if name == "run" else None)(COMMANDS[name])
     return made
 
 

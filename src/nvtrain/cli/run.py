@@ -1,62 +1,237 @@
-"""``nvtrain run``: the pod entrypoint."""
+"""``nvtrain run``: the pod entrypoint, and a drop-in for ``torchrun``."""
 
 from __future__ import annotations
 
 import json
 import signal
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperCommand
 
 from nvtrain.cli._errors import exit_on_error
 from nvtrain.errors import signal_exit_code
 
+_NOT_HERE = {
+    "--rdzv-endpoint": "nvtrain finds the rendezvous itself: pod 0's (or the control pod's) "
+    "DNS name, from [rendezvous] service, namespace and cluster_domain; 127.0.0.1 for one node. "
+    "Give the port with --master-port or [rendezvous] port",
+    "--rdzv-backend": "the rendezvous is always c10d (NVRx's); its timeouts are [rendezvous] "
+    "join_timeout and dns_timeout",
+    "--node-rank": "nvtrain reads the node index from NVTRAIN_NODE_RANK, JOB_COMPLETION_INDEX "
+    "(an Indexed Job) or the pod's name <job>-<index>: set NVTRAIN_NODE_RANK instead",
+}
+_NOT_HERE["--rdzv-conf"] = _NOT_HERE["--rdzv-backend"]
+_NOT_HERE["--master-addr"] = _NOT_HERE["--rdzv-endpoint"]
+_NOT_HERE.update({"--" + name[2:].replace("-", "_"): why for name, why in list(_NOT_HERE.items())})
+"""torchrun options that nvtrain replaces with its own ways, and what to do instead."""
+
+
+def split_script_args(args: list[str], takes_value: Mapping[str, bool]) -> tuple[list[str], list[str] | None]:
+    """``args`` cut after the training script (or ``-m MODULE``): (nvtrain's part, the script's
+    arguments), as torchrun reads its command line; (args, None) when no script is named (a
+    policy, or the demo). ``takes_value``: nvtrain's option names and whether each takes a value.
+    A torchrun option that nvtrain replaces (``--rdzv-endpoint``...) is a ``ValueError``."""
+    from nvtrain.launcher.overrides import is_script
+
+    policy_given = False
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            break
+        if arg.startswith("-") and len(arg) > 1:
+            name = arg.partition("=")[0] if arg.startswith("--") else arg[:2]
+            if name in _NOT_HERE:
+                raise ValueError(f"{name}: {_NOT_HERE[name]}")
+            # "--opt=value" and "-rVALUE" carry their value; "--opt value" takes the next word.
+            end = i + (2 if takes_value.get(name, False) and arg == name else 1)
+            if name in ("-m", "--module"):
+                return args[:end], args[end:]
+            policy_given = policy_given or name == "--policy"
+            i = end
+            continue
+        if policy_given or is_script(arg):
+            return args[: i + 1], args[i + 1 :]
+        break  # a policy: options may follow it, and script arguments after "--", as always
+    return args, None
+
+
+class RunCommand(TyperCommand):
+    """``nvtrain run``'s parser: everything after the training script (or ``-m MODULE``) is the
+    script's, verbatim, options included (torchrun's rule); otherwise click's usual parsing."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:  # type: ignore[override]
+        takes_value: dict[str, bool] = {}
+        for param in self.get_params(ctx):
+            if param.param_type_name == "option":
+                flag = bool(getattr(param, "is_flag", False) or getattr(param, "count", False))
+                takes_value.update(dict.fromkeys([*param.opts, *param.secondary_opts], not flag))
+        try:
+            head, rest = split_script_args(list(args), takes_value)
+        except ValueError as exc:
+            ctx.fail(str(exc))
+        remaining = super().parse_args(ctx, head)
+        if rest is not None:
+            ctx.params["script_args"] = [*(ctx.params.get("script_args") or ()), *rest]
+        return remaining
+
 
 @exit_on_error
 def command(
-    policy: Annotated[
-        Path | None,
-        typer.Argument(help="Policy file (TOML). Default: the built-in CPU demo job.", show_default=False),
+    target: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="POLICY|SCRIPT",
+            help="Policy file (TOML), or a training script (*.py). Default: the built-in CPU demo job.",
+            show_default=False,
+        ),
     ] = None,
     script_args: Annotated[
         list[str] | None,
-        typer.Argument(help="Extra arguments for the training script (after --).", show_default=False),
+        typer.Argument(
+            metavar="ARGS",
+            help="Arguments for the training script: all words after SCRIPT or -m MODULE; after "
+            "a policy file, after --.",
+            show_default=False,
+        ),
     ] = None,
+    policy_file: Annotated[
+        Path | None,
+        typer.Option("--policy", metavar="FILE", help="Policy for the SCRIPT or -m MODULE named after it."),
+    ] = None,
+    module: Annotated[
+        str | None,
+        typer.Option("-m", "--module", metavar="MODULE", help="Run a Python module (python -m MODULE)."),
+    ] = None,
+    nproc_per_node: Annotated[
+        str | None,
+        typer.Option(
+            "--nproc-per-node", "--nproc_per_node", metavar="N|gpu|cpu", help="[job] nproc_per_node."
+        ),
+    ] = None,
+    nnodes: Annotated[
+        str | None,
+        typer.Option("--nnodes", metavar="N|MIN:MAX", help="[rendezvous] nodes (and min_nodes)."),
+    ] = None,
+    max_restarts: Annotated[
+        int | None,
+        typer.Option("--max-restarts", "--max_restarts", metavar="N", help="[restart.in_job] max_restarts."),
+    ] = None,
+    standalone: Annotated[
+        bool, typer.Option("--standalone", help="One node, on a free port (unless --master-port).")
+    ] = False,
+    master_port: Annotated[
+        int | None,
+        typer.Option("--master-port", "--master_port", metavar="PORT", help="[rendezvous] port."),
+    ] = None,
+    tee: Annotated[
+        str | None,
+        typer.Option("-t", "--tee", metavar="0-3|R:N,...", help="ft_launcher's --tee (as torchrun's)."),
+    ] = None,
+    redirects: Annotated[
+        str | None,
+        typer.Option("-r", "--redirects", metavar="0-3|R:N,...", help="ft_launcher's --redirects."),
+    ] = None,
+    log_dir: Annotated[
+        str | None,
+        typer.Option("--log-dir", "--log_dir", metavar="DIR", help="ft_launcher's --log-dir."),
+    ] = None,
+    local_ranks_filter: Annotated[
+        str | None,
+        typer.Option(
+            "--local-ranks-filter",
+            "--local_ranks_filter",
+            metavar="R,...",
+            help="ft_launcher's --local-ranks-filter: the local ranks shown on the console.",
+        ),
+    ] = None,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "-v",
+            "--verbose",
+            help="Show all of ft_launcher's own log lines, not only its warnings and errors "
+            "(all go to <run dir>/launcher-node<N>.log).",
+        ),
+    ] = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the ft_launcher plan as JSON and exit.")
     ] = False,
     run_id: Annotated[
         str | None,
         typer.Option(
-            "--run-id", metavar="ID", help="Run id (default: NVTRAIN_RUN_ID; a new one for a one-node job)."
+            "--run-id",
+            "--rdzv-id",
+            "--rdzv_id",
+            metavar="ID",
+            help="Run id (default: NVTRAIN_RUN_ID; a new one for a one-node job).",
         ),
     ] = None,
 ) -> None:
-    """Run the training job of POLICY on this node under ft_launcher, supervised.
+    """Run the training job of POLICY on this node under ft_launcher, supervised; or run a
+    torchrun script.
+
+    \b
+      nvtrain run POLICY.toml [-- ARGS]          the job a policy file describes
+      nvtrain run [OPTIONS] train.py [ARGS]      a torchrun script, with a default policy
+      nvtrain run [OPTIONS] -m MODULE [ARGS]     the same, for a module
+      nvtrain run --policy FILE train.py [ARGS]  a script with a policy's settings
+      nvtrain run                                the built-in CPU demo job
+
+    A SCRIPT is a name ending in .py (or a file whose first line is a python shebang). All
+    that follows SCRIPT or -m MODULE goes to it verbatim, options included, so nvtrain's
+    options come before it. Without --policy the script runs as one node, 1 worker (see
+    --nproc-per-node), nvtrain's defaults otherwise (5 in-job restarts); its events log (and
+    checkpoints) go to $TMPDIR/nvtrain/<run id>/.
+
+    torchrun's flags --nproc-per-node, --nnodes, --max-restarts, --standalone and
+    --master-port override the policy (the command line beats the file) and are checked as
+    the file is; --tee, --redirects, --log-dir and --local-ranks-filter go to ft_launcher.
+    Each takes torchrun's underscore spelling too (--nproc_per_node).
+
+    A one-node job that sets no [rendezvous] port gets a free port, so several run side by
+    side on one machine; a multi-node job uses 29500 unless the policy sets one.
 
     Exit 0 finished; 1 failed with the restart budget spent; 2 invalid policy or usage; 3 peers
     not found in time; 4 the same fault repeats without progress; 128+N stopped by signal N.
     """
-    from nvtrain.config.validation import load_policy
     from nvtrain.launcher.identity import identify
+    from nvtrain.launcher.overrides import launcher_options, resolve_run
     from nvtrain.launcher.rundir import prepare
     from nvtrain.launcher.supervisor import supervise
 
-    loaded = load_policy(policy)
-    identity = identify(loaded, run_id=run_id)
-    plan, paths = prepare(loaded, identity, extra_args=tuple(script_args or ()))
+    resolved = resolve_run(
+        target=target,
+        args=tuple(script_args or ()),
+        policy_file=policy_file,
+        module=module,
+        nproc_per_node=nproc_per_node,
+        nnodes=nnodes,
+        max_restarts=max_restarts,
+        standalone=standalone,
+        master_port=master_port,
+    )
+    options = launcher_options(
+        tee=tee, redirects=redirects, log_dir=log_dir, local_ranks_filter=local_ranks_filter
+    )
+    identity = identify(resolved.policy, run_id=run_id)
+    plan, paths = prepare(resolved.policy, identity, extra_args=resolved.extra_args, launcher_options=options)
     if dry_run:
         typer.echo(json.dumps(plan.to_dict(), indent=2))
         return
-    if plan.is_host:
+    if plan.is_host and not resolved.port_chosen:
         from nvtrain.launcher.ports import check_rendezvous_port
 
-        check_rendezvous_port(loaded.rendezvous.port)
+        check_rendezvous_port(resolved.policy.rendezvous.port)
     from nvtrain.cli import _console
 
     try:
-        outcome = supervise(plan, loaded, identity, paths, report=_console.event_reporter())
+        outcome = supervise(
+            plan, resolved.policy, identity, paths, report=_console.event_reporter(), verbose=verbose
+        )
     except KeyboardInterrupt:
         raise typer.Exit(signal_exit_code(signal.SIGINT)) from None
     raise typer.Exit(outcome.exit_code)

@@ -7,6 +7,7 @@ the caller places them in the file.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import typing
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from nvtrain.config.derive import MAX_DURATION
 from nvtrain.config.duration import format_duration, is_duration_field
 from nvtrain.config.schema import Policy
 from nvtrain.findings import Finding, Severity, toml_value
@@ -34,9 +36,6 @@ MAX_NPROC = 1024
 
 MAX_NODES = 100_000
 """Most nodes (``[rendezvous] nodes``): Kubernetes' limit on an Indexed Job's completions."""
-
-MAX_DURATION = 365 * 86400.0
-"""Longest duration of any policy key (a year), far below what timers and int64 grace periods hold."""
 
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # RFC 1123 label
 _LABEL_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # RFC 1035 label (Service names)
@@ -71,7 +70,21 @@ def check(
         findings.extend(_nvrx_rules(policy, nvrx))
     if timings is not None:
         findings.extend(_timing_rules(policy, timings))
-    return findings
+    return [_on_derived(f, policy.derived) for f in findings]
+
+
+def _on_derived(finding: Finding, derived: typing.Mapping[str, str]) -> Finding:
+    """Say so when a finding's key is not set but derived: its default follows other keys, and
+    no value of it satisfies them all (``derive.py``)."""
+    follows = derived.get(f"{finding.table}.{finding.key}")
+    if follows is None:
+        return finding
+    return dataclasses.replace(
+        finding,
+        rule=f"{finding.rule} (the policy does not set it: its default follows {follows}, "
+        "and no value satisfies every rule)",
+        fix=f"{finding.fix}; or set it explicitly",
+    )
 
 
 def _job(p: Policy) -> Iterator[Finding]:
@@ -282,7 +295,7 @@ def _sizes(p: Policy) -> Iterator[Finding]:
 
 def _heartbeat(p: Policy) -> Iterator[Finding]:
     hb = p.heartbeat
-    if hb.initial_timeout < hb.timeout:
+    if hb.initial_timeout is not None and hb.timeout is not None and hb.initial_timeout < hb.timeout:
         yield _f(
             "error",
             "heartbeat-order",
@@ -293,15 +306,86 @@ def _heartbeat(p: Policy) -> Iterator[Finding]:
             "start-up and the checkpoint load",
             f'raise it to at least "{_d(hb.timeout)}"',
         )
-    if hb.monitor_interval >= hb.timeout:
+    fixed = [
+        (v, k) for v, k in ((hb.timeout, "timeout"), (hb.initial_timeout, "initial_timeout")) if v is not None
+    ]
+    if fixed and hb.monitor_interval >= min(fixed)[0]:
+        limit, key = min(fixed)
         yield _f(
             "error",
             "heartbeat-interval",
             "heartbeat",
             "monitor_interval",
             hb.monitor_interval,
-            f"must be shorter than timeout ({_d(hb.timeout)}), or hangs go unnoticed",
-            f'use at most "{_d(hb.timeout / 10)}"',
+            f"must be shorter than {key} ({_d(limit)}), or hangs go unnoticed",
+            f'use at most "{_d(limit / 10)}"',
+        )
+    yield from _sections(p)
+
+
+_SECTION_NAME = re.compile(r"[:,\s]")
+
+
+def _sections(p: Policy) -> Iterator[Finding]:
+    """``[heartbeat.sections]``: names fit ft_launcher's ``name:seconds,...`` argument; timeouts
+    are longer than the monitor's interval."""
+    hb = p.heartbeat
+    table = "heartbeat.sections"
+    example = 'e.g. step = "30s" or checkpoint = "auto"'
+    for name, timeout in hb.sections.items():
+        bad = _SECTION_NAME.search(name)
+        if not name:
+            rule = "a section name must not be empty"
+        elif bad is not None:
+            char = {":": "':'", ",": "','"}.get(bad.group(), "whitespace")
+            rule = (
+                f"section name {toml_value(name)} contains {char}: names go on ft_launcher's command "
+                "line as `name:seconds,...`, which cannot hold ':', ',' or whitespace"
+            )
+        elif not name.isprintable():
+            rule = f"section name {toml_value(name)} contains a control character"
+        else:
+            rule = ""
+        if rule:
+            fix = (
+                "use the name the workers pass to start_section(), made of letters, digits, '_', "
+                f"'-' or '.' ({example})"
+            )
+            yield _f("error", "heartbeat-section", table, name, timeout, rule, fix)
+        if isinstance(timeout, float) and timeout > MAX_DURATION:
+            yield _f(
+                "error",
+                "duration-limit",
+                table,
+                name,
+                timeout,
+                f"is longer than {_d(MAX_DURATION)} (a year): no section is meant to last that long",
+                f'use at most "{_d(MAX_DURATION)}", or "auto" to let NVRx compute it',
+            )
+        elif isinstance(timeout, float) and timeout <= hb.monitor_interval:
+            yield _f(
+                "warning",
+                "heartbeat-interval",
+                table,
+                name,
+                timeout,
+                f"is not longer than [heartbeat] monitor_interval ({_d(hb.monitor_interval)}): the "
+                "monitor checks sections only that often, so the timeout acts late or not at all",
+                f'raise it above "{_d(hb.monitor_interval)}", or lower monitor_interval to at most '
+                f'"{_d(timeout / 5)}"',
+            )
+    outside = hb.out_of_section_timeout
+    if isinstance(outside, float) and outside <= hb.monitor_interval:
+        yield _f(
+            "warning",
+            "heartbeat-interval",
+            "heartbeat",
+            "out_of_section_timeout",
+            outside,
+            f"is not longer than monitor_interval ({_d(hb.monitor_interval)}): the monitor checks "
+            "only that often, so the timeout acts late or not at all",
+            f'raise it above "{_d(hb.monitor_interval)}", or lower monitor_interval to at most '
+            f'"{_d(outside / 5)}"',
         )
 
 
@@ -320,7 +404,7 @@ def _in_process(p: Policy) -> Iterator[Finding]:
             f"must be shorter than hard_timeout ({_d(ip.hard_timeout)})",
             f'lower soft_timeout below "{_d(ip.hard_timeout)}" or raise hard_timeout',
         )
-    if ip.hard_timeout >= p.heartbeat.timeout:
+    if p.heartbeat.timeout is not None and ip.hard_timeout >= p.heartbeat.timeout:
         yield _f(
             "error",
             "timeout-order",
@@ -757,7 +841,7 @@ def _timing_rules(p: Policy, t: Timings) -> Iterator[Finding]:
                     f'raise it to at least "{_d(gap * MARGIN)}"',
                 )
     startup = sum(m.worst for m in (t.restore, t.step) if m is not None)
-    if t.restore is not None and hb.initial_timeout < startup * MARGIN:
+    if t.restore is not None and hb.initial_timeout is not None and hb.initial_timeout < startup * MARGIN:
         yield _f(
             "warning",
             "timeout-margin",

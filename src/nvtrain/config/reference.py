@@ -42,12 +42,16 @@ def _type_name(info: FieldInfo) -> str:
 def _annotation_name(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
+    if origin is typing.Annotated and is_duration_field(list(annotation.__metadata__)):
+        return "duration"
     if origin is typing.Literal:
         return " \\| ".join(f'`"{a}"`' for a in args)
     if origin in (typing.Union, types.UnionType):
         return " \\| ".join(_annotation_name(a) for a in args if a is not type(None))
     if origin is list:
         return f"array of {_annotation_name(args[0])}"
+    if origin is dict:
+        return f"table of {_annotation_name(args[1])}"
     simple = {int: "integer", float: "number", str: "string", bool: "boolean"}
     return simple.get(annotation) or str(getattr(annotation, "__name__", annotation))
 
@@ -57,7 +61,7 @@ def _default(info: FieldInfo) -> str:
         return "required"
     if info.default_factory is not None:
         value = info.default_factory()  # type: ignore[call-arg]
-        return "`[]`" if value == [] else "(table)"
+        return "`[]`" if value == [] else "none" if value == {} else "(table)"
     if info.default is None:
         return "not set"
     if is_duration_field(info.metadata):

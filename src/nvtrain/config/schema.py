@@ -12,12 +12,23 @@ import contextlib
 import inspect
 import os
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, PrivateAttr, model_validator
 
+from nvtrain.config.derive import (
+    CHECKPOINT_INTERVAL,
+    COLLECTIVE_TIMEOUT,
+    ESCALATE_AFTER,
+    HARD_TIMEOUT,
+    METRICS_PORT,
+    MONITOR_INTERVAL,
+    RENDEZVOUS_PORT,
+    SOFT_TIMEOUT,
+    derive_defaults,
+)
 from nvtrain.config.duration import Duration
 
 __all__ = [
@@ -43,6 +54,11 @@ POLICY_CONFIG = ConfigDict(
     # Built at the end of this module, once the field docstrings are attached (`_build`).
     defer_build=True,
 )
+
+
+def _no_sections() -> dict[str, Any]:
+    """``default_factory`` of ``[heartbeat.sections]`` (see ``_no_items``)."""
+    return {}
 
 
 def _no_items() -> list[Any]:
@@ -99,11 +115,13 @@ class Job(BaseModel):
     checkpoint in flight, before they are killed. The pod's `terminationGracePeriodSeconds` must
     be longer."""
 
-    collective_timeout: Duration = 600.0
+    collective_timeout: Duration = COLLECTIVE_TIMEOUT
     """Timeout of the workers' collectives (the `torch.distributed` process-group timeout). With
     NCCL it must exceed the in-process hard timeout (NVRx aborts a hung NCCL collective; the
     timeout would kill the process first). Gloo collectives cannot be aborted, so with gloo it
-    must be shorter than the hard timeout: the timeout is what frees the surviving ranks."""
+    must be shorter than the in-process soft timeout: the timeout is what frees the surviving
+    ranks. Default: 10 minutes, or twice `[restart.in_process] hard_timeout` when that is longer;
+    with gloo (in-process restart on) three quarters of `[restart.in_process] soft_timeout`."""
 
 
 class Rendezvous(BaseModel):
@@ -120,11 +138,12 @@ class Rendezvous(BaseModel):
     cluster_domain: str = "cluster.local"
     """DNS domain of the cluster."""
 
-    port: int = Field(default=29500, ge=1, le=65535)
-    """TCP port of the rendezvous store on pod 0."""
+    port: int = Field(default=RENDEZVOUS_PORT, ge=1, le=65535)
+    """TCP port of the rendezvous store on pod 0. Default: 29500, or 29501 when `[metrics] port`
+    is 29500."""
 
     nodes: int = Field(default=1, ge=1)
-    """Nodes (pods) the job wants. Unit: nodes."""
+    """Nodes (pods) the job wants. Unit: nodes. Default: 1, or `min_nodes` when that is set."""
 
     min_nodes: int | None = Field(default=None, ge=1)
     """Fewest nodes the job may run with. Default: `nodes` (a fixed-size job). Its meaning depends
@@ -146,19 +165,37 @@ class Rendezvous(BaseModel):
 
 
 class Heartbeat(BaseModel):
-    """Hang detection by ft_launcher's per-rank monitors."""
+    """Hang detection by ft_launcher's per-rank monitors (NVRx's fault-tolerance config)."""
 
     model_config = POLICY_CONFIG
 
-    initial_timeout: Duration = 1200.0
-    """Longest wait for a worker's first heartbeat: start-up, model build and checkpoint load."""
+    initial_timeout: Duration | None = None
+    """Longest wait for a worker's first heartbeat: start-up, model build and checkpoint load.
+    Unset: NVRx's own behaviour, as under ft_launcher without this timeout: no limit until the
+    workers ask NVRx to compute one from what it observed (`calculate_and_set_hb_timeouts`;
+    nvtrain's worker library does so after its first steps)."""
 
-    timeout: Duration = 900.0
+    timeout: Duration | None = None
     """Longest gap between two heartbeats in steady state. A rank silent for longer is
-    considered hung and the workers are restarted."""
+    considered hung and the workers are restarted. Unset: NVRx's own behaviour (computed by
+    NVRx when the workers ask for it, as for `initial_timeout`)."""
 
-    monitor_interval: Duration = 5.0
-    """How often ft_launcher checks its workers and their heartbeats."""
+    monitor_interval: Duration = MONITOR_INTERVAL
+    """How often ft_launcher checks its workers and their heartbeats. Default: 5 s, or a fifth
+    of the shortest fixed timeout (`timeout`, `initial_timeout`, `out_of_section_timeout`, a
+    section's) when that is shorter."""
+
+    sections: dict[str, Duration | Literal["auto"]] = Field(default_factory=_no_sections)
+    """Timeouts of named sections of the workers' code, for clients of NVRx's sections API
+    (`start_section("step")` ... `end_section("step")`), like ft_launcher's
+    `rank_section_timeouts`: a section open for longer is a hang. `"auto"`: declared with no
+    fixed timeout, for NVRx to compute (`calculate_and_set_section_timeouts`). A section the
+    workers open must be declared (NVRx 0.4 rejects unknown names). E.g. `init = "5m"`,
+    `step = "30s"`, `checkpoint = "auto"`."""
+
+    out_of_section_timeout: Duration | Literal["auto"] | None = None
+    """Longest time no section is open (ft_launcher's `rank_out_of_section_timeout`). Unset or
+    `"auto"`: no fixed limit (NVRx computes one when asked)."""
 
 
 class InProcessRestart(BaseModel):
@@ -173,11 +210,16 @@ class InProcessRestart(BaseModel):
     max_attempts: int = Field(default=10, ge=1)
     """In-process restarts allowed before the fault is passed to the in-job layer."""
 
-    soft_timeout: Duration = 60.0
-    """No progress for this long: abort the collectives and restart in process."""
+    soft_timeout: Duration = SOFT_TIMEOUT
+    """No progress for this long: abort the collectives and restart in process. Default: 1
+    minute, or two thirds of `hard_timeout` when that is shorter (and always longer than
+    `failure_window` and, with gloo, `[job] collective_timeout` when those are set)."""
 
-    hard_timeout: Duration = 90.0
-    """No progress for this long: kill the process and let ft_launcher restart the workers."""
+    hard_timeout: Duration = HARD_TIMEOUT
+    """No progress for this long: kill the process and let ft_launcher restart the workers.
+    Default: 90 s, or two thirds of `[heartbeat] timeout` (and, with NCCL, of `[job]
+    collective_timeout`) when that is shorter; 1.5 x `soft_timeout` when that is longer (kept
+    below the heartbeat timeout)."""
 
     min_world_size: int | None = Field(default=None, ge=1)
     """Fewest ranks the in-process layer may continue with. Default: every rank the workers
@@ -217,9 +259,10 @@ class Restart(BaseModel):
 
     model_config = POLICY_CONFIG
 
-    escalate_after: int = Field(default=3, ge=1)
+    escalate_after: int = Field(default=ESCALATE_AFTER, ge=1)
     """Stop the job (exit 4, never retried) when the same step or the same rank fails this many
-    times in a row without progress."""
+    times in a row without progress. Default: 3, or `[restart.in_job] max_restarts` + 1 when
+    in-process restart is off and that is smaller (the budget ends the job first)."""
 
     in_process: InProcessRestart = Field(default_factory=InProcessRestart)
     in_job: InJobRestart = Field(default_factory=InJobRestart)
@@ -234,8 +277,9 @@ class Checkpoint(BaseModel):
     """Absolute path of the checkpoint directory, on storage every pod mounts. Checkpoints go to
     `<dir>/<run id>/step-<N>/`."""
 
-    interval: int = Field(default=1000, ge=1)
-    """Steps between two checkpoints. Unit: steps."""
+    interval: int = Field(default=CHECKPOINT_INTERVAL, ge=1)
+    """Steps between two checkpoints. Unit: steps. Default: 1000, or a tenth of `[job]
+    max_steps` when the run is shorter than 1000 steps."""
 
     async_: bool = Field(default=True, alias="async")
     """Save in the background: training is blocked only while the state is copied to host
@@ -306,8 +350,9 @@ class Metrics(BaseModel):
     freshness) while the job runs, in the Prometheus text format at
     `http://<pod>:<port>/metrics`."""
 
-    port: int = Field(default=9464, ge=1, le=65535)
-    """TCP port of the metrics endpoint on each pod. Must differ from the rendezvous port."""
+    port: int = Field(default=METRICS_PORT, ge=1, le=65535)
+    """TCP port of the metrics endpoint on each pod. Must differ from the rendezvous port.
+    Default: 9464, or 9465 when `[rendezvous] port` is 9464."""
 
     refresh: Duration = 5.0
     """How often the figures are recomputed from the events log when it has grown. On a long
@@ -327,6 +372,29 @@ class Policy(BaseModel):
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
     metrics: Metrics = Field(default_factory=Metrics)
     faults: list[Fault] = Field(default_factory=_no_items)
+
+    _derived: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _derive_defaults(cls, data: Any, handler: ModelWrapValidatorHandler[Policy]) -> Policy:
+        """Fill the keys the data leaves unset from the keys it sets (``derive.py``)."""
+        data, derived = derive_defaults(data)
+        policy = handler(data)
+        policy._derived = derived
+        return policy
+
+    def __eq__(self, other: object) -> bool:
+        """Equal values are equal policies, whether a value was derived or written."""
+        if not isinstance(other, Policy):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    @property
+    def derived(self) -> Mapping[str, str]:
+        """The keys whose default was derived from keys the policy sets: ``{"table.key": the
+        keys it follows}``. Empty for a policy read back from JSON (every key is set there)."""
+        return self._derived
 
     @property
     def service(self) -> str:

@@ -9,10 +9,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import re
+import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from nvtrain.config.checks import check
 from nvtrain.config.demo import DEMO_POLICY_SOURCE, demo_policy_text
@@ -117,15 +119,12 @@ def validate_source(
     else:
         version = nvrx
     findings.extend(timings_findings)
-    model = parsed.model if parsed.model is not None else _salvage(parsed.data, parsed.findings)
-    if model is not None:
-        bad = {(f.table, f.key) for f in parsed.findings}
-        found = [f for f in check(model, nvrx=version, timings=timings) if (f.table, f.key) not in bad]
-        if parsed.model is None:
-            # The salvaged policy has defaults where keys failed their type checks: drop the
-            # cross-field findings that name such a key (they could come from its default).
-            replaced = {f.key for f in parsed.findings if f.key and f.code != "extra_forbidden"}
-            found = [f for f in found if not any(_names(f.rule, key) for key in replaced)]
+    if parsed.model is not None:
+        found = check(parsed.model, nvrx=version, timings=timings)
+    else:
+        salvaged = _salvage(parsed.data, parsed.findings)
+        found = [] if salvaged is None else salvaged.findings(version, timings)
+    if found:
         findings.extend(attach_positions(found, source, parsed.positions))
         findings.sort(key=Finding.sort_key)
     return Validation(source, parsed.model, findings, version, parsed.data)
@@ -135,31 +134,89 @@ def _names(text: str, key: str) -> bool:
     return re.search(rf"(?<![A-Za-z_]){re.escape(key)}(?![A-Za-z_])", text) is not None
 
 
-def _salvage(data: dict[str, Any], problems: list[Finding]) -> Policy | None:
-    """A policy without the keys that failed type checks, so that cross-field rules can still
-    run and every problem is reported at once. None when nothing usable is left."""
-    if not data or any(f.code in ("missing", "toml-syntax", "not-utf8") for f in problems):
+_PLACEHOLDER_JOB = {"name": "my-job", "script": "train.py", "nproc_per_node": "gpu"}
+"""What stands in for a missing ``[job]`` (``nproc_per_node = "gpu"``: no world size, so
+nothing is checked against one)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Salvaged:
+    """A policy built from the parts of the data that validated, so that the cross-field
+    rules still run and every independent problem is reported at once."""
+
+    policy: Policy
+    problems: list[Finding]
+    replaced: frozenset[str]
+    """Keys removed (their defaults stand in) or filled with placeholders."""
+    placeholders: frozenset[str]
+    """Tables that are placeholders as a whole (a missing ``[job]``)."""
+    faults: tuple[int, ...]
+    """The original index of each ``[[faults]]`` entry kept (entries with problems are dropped)."""
+
+    def findings(self, nvrx: NvrxVersion | None, timings: Timings | None) -> list[Finding]:
+        """The cross-field findings that involve only keys that validated."""
+        bad = {(f.table, f.key) for f in self.problems}
+        kept = []
+        for f in check(self.policy, nvrx=nvrx, timings=timings):
+            head, _, index = f.table.partition(".")
+            if head == "faults" and index.isdigit():
+                f = dataclasses.replace(f, table=f"faults.{self.faults[int(index)]}")
+            if (f.table, f.key) in bad or f.table.split(".")[0] in self.placeholders:
+                continue
+            if f.key in self.replaced or any(_names(f.rule, key) for key in self.replaced):
+                continue  # it could come from a default or a placeholder
+            if any(f"[{table}]" in f.rule for table in self.placeholders):
+                continue
+            kept.append(f)
+        return kept
+
+
+def _salvage(data: dict[str, Any], problems: list[Finding]) -> _Salvaged | None:
+    """The policy without the keys that failed their checks (a missing ``[job]`` or job name
+    replaced by a placeholder, ``[[faults]]`` entries with problems left out). None when
+    nothing usable is left."""
+    if not data or any(f.code in ("toml-syntax", "not-utf8") for f in problems):
         return None
     try:
         trimmed = copy.deepcopy(data)
     except RecursionError:  # an unknown key's value nested deeper than copying goes
         return None
+    replaced: set[str] = set()
+    placeholders: set[str] = set()
+    dropped_faults: set[int] = set()
     for f in problems:
-        node: Any = trimmed
-        for part in [p for p in f.table.split(".") if p]:
-            node = (
-                node[int(part)]
-                if isinstance(node, list) and part.isdigit()
-                else (node.get(part) if isinstance(node, dict) else None)
-            )
         if f.key is None:
             return None
-        if isinstance(node, dict):
-            node.pop(f.key, None)
+        head, _, index = f.table.partition(".")
+        if head == "faults" and index.isdigit():
+            dropped_faults.add(int(index))
+            continue
+        if f.table == "" and f.key == "job" and f.code in ("missing", "model_type", "dict_type"):
+            trimmed["job"] = dict(_PLACEHOLDER_JOB)
+            placeholders.add("job")
+            replaced.update(key for key in _PLACEHOLDER_JOB if key != "name")  # rules naming them
+            continue
+        node: Any = trimmed
+        for part in [p for p in f.table.split(".") if p]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            continue
+        if f.table == "job" and f.key == "name":
+            node["name"] = _PLACEHOLDER_JOB["name"]  # findings on it are dropped as on a bad key
+            continue
+        if f.code != "extra_forbidden":
+            replaced.add(f.key)
+        node.pop(f.key, None)
+    faults = trimmed.get("faults")
+    kept = list(range(len(faults))) if isinstance(faults, list) else []
+    if isinstance(faults, list) and dropped_faults:
+        kept = [i for i in kept if i not in dropped_faults]
+        trimmed["faults"] = [faults[i] for i in kept]
     try:
-        return Policy.model_validate(trimmed)
+        policy = Policy.model_validate(trimmed)
     except ValueError:
         return None
+    return _Salvaged(policy, problems, frozenset(replaced), frozenset(placeholders), tuple(kept))
 
 
 def load_policy(path: Path | None, *, nvrx: NvrxChoice = "installed") -> Policy:
@@ -200,8 +257,19 @@ def _walk(model: BaseModel, data: Any, table: str, rows: list[Setting]) -> None:
         else:
             if value is None:
                 shown = "(not set)"
-            elif is_duration_field(info.metadata):
+            elif isinstance(value, float) and _is_duration(info):
                 shown = toml_value(format_duration(value))
+            elif isinstance(value, dict):  # [heartbeat.sections]: durations or "auto"
+                shown = toml_value(
+                    {k: format_duration(v) if isinstance(v, float) else v for k, v in value.items()}
+                )
             else:
                 shown = toml_value(value)
             rows.append(Setting(table, key, shown, key in given))
+
+
+def _is_duration(info: FieldInfo) -> bool:
+    """A ``Duration`` field, optional or not (``Duration | None``, ``Duration | Literal[...]``)."""
+    return is_duration_field(info.metadata) or any(
+        is_duration_field(list(getattr(arg, "__metadata__", ()))) for arg in typing.get_args(info.annotation)
+    )

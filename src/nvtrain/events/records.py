@@ -450,6 +450,10 @@ class WorkerFailed(Event):
     """It had been told to stop (it logged ``worker_stopped``): it ended on request, no fault."""
     gave_up: str | None = None
     """Why its in-process layer gave up first, when it logged ``worker_gave_up``."""
+    raised: str | None = None
+    """The exception it raised, the last line of the traceback torch.distributed printed for it
+    (``RuntimeError: boom``). A rank that raised before the worker ft_launcher named failed is
+    logged first, with ``exit_code`` and maybe ``worker_pid`` unknown (it was still exiting)."""
 
     NULL_KEPT = frozenset({"signal"})
     """``signal`` null: it exited with a code, it was not killed."""
@@ -463,6 +467,10 @@ class HangDetected(Event):
     local_rank: int | None = None
     heartbeat: str | None = None
     """``initial`` or ``subsequent``: which heartbeat did not come."""
+    section: str | None = None
+    """With NVRx's sections API: the section open for longer than its timeout
+    (``[heartbeat.sections]``), or ``out-of-section`` when none was open for longer than
+    ``out_of_section_timeout``; None for a missed heartbeat."""
 
 
 @_event("launcher_error")

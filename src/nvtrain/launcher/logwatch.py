@@ -1,7 +1,10 @@
-"""Reads ft_launcher's log lines and turns the ones nvtrain acts on into events."""
+"""Reads ft_launcher's output: the log lines nvtrain acts on become events (``parse_line``), the
+launcher's own log lines are told apart from the workers' (``LogSorter``), and a worker's uncaught
+exception is noticed by the traceback torch.distributed prints for it (``read_raised``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import signal
 
@@ -14,7 +17,16 @@ from nvtrain.events.records import (
     WorkerFailed,
 )
 
-__all__ = ["RENDEZVOUS_TIMEOUT", "parse_line", "read_line", "signal_name"]
+__all__ = [
+    "RENDEZVOUS_TIMEOUT",
+    "LogSorter",
+    "Raised",
+    "caused_by_peer",
+    "parse_line",
+    "read_line",
+    "read_raised",
+    "signal_name",
+]
 
 RENDEZVOUS_TIMEOUT = "RendezvousTimeoutError"
 """The exception ft_launcher ends with when the rendezvous did not gather its nodes within
@@ -28,10 +40,15 @@ _RESTART = re.compile(
 )
 # The rank monitor (one per worker) names it after the host: "RankMonServer<pid>@host:<rank>" (0.4,
 # the global rank); 0.6/0.7 log through NVRx's logger: "[workload:<rank>(<local rank>) infra:...]"
+# What the monitor missed: a heartbeat, a section open too long (sections API), or too long with
+# no section open ("[Cycle N] " before these on 0.6/0.7).
 _HANG = re.compile(
     r"(?:RankMonServer\d+@[^:\]]*:(\d+)\]|\[workload:[^(\]]*\((\d+)\) infra:[^\]]*\])"
-    r".*Did not get (initial|subsequent) heartbeat"
+    r".*(?:Did not get (initial|subsequent) heartbeat|Section '([^']*)' has been open for"
+    r"|(Was out of section) for)"
 )
+OUT_OF_SECTION = "out-of-section"
+"""``HangDetected.section`` when no section was open for longer than ``out_of_section_timeout``."""
 _AGENT_ERROR = re.compile(r"Agent run ended with exception,? (.*?)\.? Agent's exit code")
 # The message is NVRx's f"{e=}": "e=RendezvousTimeoutError()", "e=RendezvousConnectionError('...')"
 _ERROR_CLASS = re.compile(r"^e=(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*)\(")
@@ -72,9 +89,14 @@ def parse_line(line: str) -> Event | None:
         )
     match = _HANG.search(line)
     if match:
+        section = match.group(4) if match.group(4) is not None else (OUT_OF_SECTION if match.group(5) else None)
         if match.group(1) is not None:  # 0.4: the global rank
-            return HangDetected(source="launcher", rank=int(match.group(1)), heartbeat=match.group(3))
-        return HangDetected(source="launcher", local_rank=int(match.group(2)), heartbeat=match.group(3))
+            return HangDetected(
+                source="launcher", rank=int(match.group(1)), heartbeat=match.group(3), section=section
+            )
+        return HangDetected(
+            source="launcher", local_rank=int(match.group(2)), heartbeat=match.group(3), section=section
+        )
     match = _AGENT_ERROR.search(line)
     if match:
         message = match.group(1)
@@ -93,3 +115,102 @@ def parse_line(line: str) -> Event | None:
 
 read_line = parse_line
 """The same as ``parse_line`` (an earlier name)."""
+
+
+# -- the launcher's own log lines ---------------------------------------------------------------
+
+# A log record of ft_launcher or of its rank monitors, by the logger's line format, with its level:
+# NVRx 0.4: "[2026-12-02 09:15:22,261] [INFO] [ft_launcher12528@vm] ...", "[...] [INFO]
+#   [RankMonServer12557@vm:1] ...", "[...] [ALWAYS] [RankMonServer.Restarter] ..." (stdout);
+# NVRx 0.6/0.7: "2026-12-02 09:16:30,389 [INFO] [vm] [workload:?(?) infra:?(?)] launcher.py:2610 ...";
+# torch's elastic agent (0.6/0.7): "E1202 09:16:52.997000 645 torch/distributed/elastic/...:986] ...".
+_LAUNCHER_RECORD = re.compile(
+    r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\] \[(?P<a>[A-Z]+)\] "
+    r"\[(?:ft_launcher\d+@[^\]]*|RankMonServer[^\]]*)\] "
+    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} \[(?P<b>[A-Z]+)\] \[[^\]]*\] \[workload:[^\]]*\] "
+    r"|(?P<c>[DIWEF])\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ torch/distributed/elastic/[^\]]*\] "
+)
+_WARNING_LEVELS = frozenset({"WARNING", "W"})
+_ERROR_LEVELS = frozenset({"ERROR", "CRITICAL", "FATAL", "E", "F"})
+# The rest of a multi-line record: the indented "key : value" or "key=value" rows of a table
+# ("Starting elastic_operator with launch configs:", torch's "Rendezvous complete ... Result:").
+_TABLE_ROW = re.compile(r"[ \t]+[A-Za-z_][\w ]*?[ \t]*[:=]")
+
+
+class LogSorter:
+    """Sorts one of ft_launcher's streams, line by line, into the launcher's own log records and
+    the rest (the workers' output, Python's warnings, anything else), by the loggers' line
+    formats. A record continues on the indented rows of a table that follow it (and the blank
+    line that ends the table); any other line is not the launcher's.
+
+    ``sort`` says whether a line is the launcher's and whether it is shown without ``-v``: every
+    line that is not the launcher's; the launcher's errors; its warnings, each message once
+    (NVRx repeats some at every worker start). ``seen``: the warnings shown so far, shared by
+    the sorters of one ft_launcher's two streams."""
+
+    def __init__(self, seen: set[str] | None = None) -> None:
+        self.seen = seen if seen is not None else set()
+        self._record: bool | None = None
+        """Whether the record being continued is shown (None: no record to continue)."""
+        self._rows = False
+
+    def sort(self, line: str) -> tuple[bool, bool]:
+        """(the launcher's, shown) for the next line of the stream."""
+        match = _LAUNCHER_RECORD.match(line)
+        if match:
+            level = match.group("a") or match.group("b") or match.group("c")
+            message = line[match.end() :].strip()
+            shown = level in _ERROR_LEVELS or (level in _WARNING_LEVELS and message not in self.seen)
+            if level in _WARNING_LEVELS:
+                self.seen.add(message)
+            self._record, self._rows = shown, False
+            return True, shown
+        if self._record is not None:
+            shown = self._record
+            if _TABLE_ROW.match(line):
+                self._rows = True
+                return True, shown
+            if self._rows and not line.strip():
+                self._record = None
+                return True, shown
+        self._record = None
+        return False, True
+
+
+# -- a worker's uncaught exception ------------------------------------------------------------
+
+# torch.distributed's excepthook (installed by init_process_group) prints an uncaught exception's
+# traceback with "[rank<global rank>]: " before each line, in one write.
+_RAISED = re.compile(r"\[rank(\d+)\]: (.*?)\s*$")
+_EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(?::\s.*)?")
+# What a worker raises when a peer died or hung: gloo's and NCCL's errors, torch's store errors.
+_PEER = re.compile(
+    r"Connection (?:closed|reset) by peer|Broken pipe|gloo/transport|Timed out waiting|"
+    r"\bDist(?:Backend|Network|Store)Error\b|NCCL communicator was aborted|NCCL error|"
+    r"collective operation timeout"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Raised:
+    """A line of a worker's traceback: global ``rank``; ``error``, the exception ("RuntimeError:
+    boom") on its last line, None on the others."""
+
+    rank: int
+    error: str | None
+
+
+def read_raised(line: str) -> Raised | None:
+    """The traceback line (``Raised``) ``line`` is, if it is one torch.distributed printed."""
+    match = _RAISED.match(line)
+    if match is None:
+        return None
+    text = match.group(2)
+    error = text if _EXCEPTION_LINE.fullmatch(text) else None
+    return Raised(int(match.group(1)), error)
+
+
+def caused_by_peer(error: str) -> bool:
+    """Whether exception ``error`` is what a worker raises when a peer died or hung (a broken
+    connection, a collective that timed out), rather than a fault of its own."""
+    return _PEER.search(error) is not None

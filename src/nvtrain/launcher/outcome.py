@@ -164,7 +164,8 @@ def _decide(
 
 def _root_failure(seen: Observed) -> WorkerFailed | None:
     """The run's first worker failure, leaving out workers that had been told to stop (when
-    every failed worker had, the first of them)."""
+    every failed worker had, the first of them). ``failures`` are in the order the workers
+    failed: a rank that raised before the worker ft_launcher named comes first (``Watch``)."""
     for failure in seen.failures:
         if not failure.stopped:
             return failure
@@ -176,15 +177,25 @@ def _first_failure(seen: Observed, where: str) -> str:
     first = _root_failure(seen)
     if first is None:
         return ""
-    how = f"killed by {first.signal}" if first.signal else f"exit code {first.exit_code}"
+    if first.signal:
+        how = f"killed by {first.signal}"
+    elif first.exit_code is not None:
+        how = f"exit code {first.exit_code}"
+        if first.raised:
+            how += f" after it raised {first.raised}"
+    else:
+        how = f"raised {first.raised}" if first.raised else "exit code unknown"
     if first.hang:
         how += " after its heartbeats stopped (hang detected by the rank monitor)"
     if first.gave_up:
         how += f" after its in-process restart gave up ({first.gave_up})"
     if first.stopped:
         how += " after it was told to stop"
+    pid = f" (pid {first.worker_pid})" if first.worker_pid is not None else ""
+    if first.local_rank is None and first.rank is not None:
+        return f"rank {first.rank} on {where}, {how}{pid}"
     rank = f" (global rank {first.rank})" if first.rank not in (None, first.local_rank) else ""
-    return f"local rank {first.local_rank}{rank} on {where}, {how} (pid {first.worker_pid})"
+    return f"local rank {first.local_rank}{rank} on {where}, {how}{pid}"
 
 
 def _rendezvous_timeout(seen: Observed, policy: Policy, identity: Identity, endpoint: str, where: str) -> str:

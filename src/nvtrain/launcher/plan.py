@@ -3,20 +3,43 @@
 ``nvtrain run --dry-run`` prints it. Version differences live here and in ``nvtrain.nvrx``:
 NVRx 0.4 takes ``--ft-restart-policy`` and watches NICs unless told not to; 0.6+ has no restart
 policy option, checks NIC link state and reclaims GPU memory before a restart unless told not to.
+
+The ``[heartbeat]`` table is NVRx's fault-tolerance config. ft_launcher gets it as a YAML file
+(``--ft-cfg-path``, written by ``rundir.write_state`` from :func:`ft_config`) so that an unset
+timeout reaches NVRx as None (no fixed timeout): NVRx 0.4's own defaults are 3600 s and 2700 s,
+and its ``--ft-*-timeout`` options take numbers only. Values the policy sets are passed on the
+command line as well (the command line wins over the file), so ``--dry-run`` shows them.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import importlib.machinery
+import json
 import math
 import shlex
+import sys
+from pathlib import Path
 
-from nvtrain.config.schema import Policy
+from nvtrain.config.schema import Heartbeat, Job, Policy
 from nvtrain.launcher.dns import store_name
 from nvtrain.launcher.identity import Identity
 from nvtrain.nvrx import NvrxVersion
 
-__all__ = ["LAUNCHER_MODULE", "LaunchPlan", "build_plan", "rendezvous_id"]
+__all__ = [
+    "FT_CONFIG_NAME",
+    "LAUNCHER_MODULE",
+    "LaunchPlan",
+    "build_plan",
+    "ft_config",
+    "ft_config_text",
+    "rendezvous_id",
+    "uses_worker_library",
+]
+
+FT_CONFIG_NAME = "ft_config.yaml"
+"""NVRx's fault-tolerance config in the run's state folder (``--ft-cfg-path``)."""
 
 LAUNCHER_MODULE = "nvidia_resiliency_ext.fault_tolerance.launcher"
 ZYGOTE_CLIENT = "nvtrain.zygote.client"
@@ -61,6 +84,103 @@ def _seconds(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
+def _timeout(value: float | str | None) -> float | None:
+    """A policy timeout as NVRx takes it: seconds, or None for unset and ``"auto"``."""
+    return None if value is None or isinstance(value, str) else float(value)
+
+
+def ft_config(heartbeat: Heartbeat) -> dict[str, object]:
+    """NVRx's ``fault_tolerance`` config from ``[heartbeat]``: None where the policy sets no
+    fixed timeout (unset, or ``"auto"``: NVRx computes it when the workers ask)."""
+    return {
+        "workload_check_interval": heartbeat.monitor_interval,
+        "initial_rank_heartbeat_timeout": _timeout(heartbeat.initial_timeout),
+        "rank_heartbeat_timeout": _timeout(heartbeat.timeout),
+        "rank_section_timeouts": {name: _timeout(value) for name, value in heartbeat.sections.items()},
+        "rank_out_of_section_timeout": _timeout(heartbeat.out_of_section_timeout),
+    }
+
+
+def ft_config_text(heartbeat: Heartbeat) -> str:
+    """The ``--ft-cfg-path`` file: JSON, which is YAML too (PyYAML reads ``null`` as None)."""
+    return json.dumps({"fault_tolerance": ft_config(heartbeat)}, indent=2) + "\n"
+
+
+def _ft_options(heartbeat: Heartbeat) -> list[str]:
+    """The timeouts the policy fixes, as ft_launcher options (they win over the file)."""
+    config = ft_config(heartbeat)
+    options = [f"--ft-workload-check-interval={_seconds(heartbeat.monitor_interval)}"]
+    for key, option in (
+        ("initial_rank_heartbeat_timeout", "--ft-initial-rank-heartbeat-timeout"),
+        ("rank_heartbeat_timeout", "--ft-rank-heartbeat-timeout"),
+        ("rank_out_of_section_timeout", "--ft-rank-out-of-section-timeout"),
+    ):
+        value = config[key]
+        if isinstance(value, float):
+            options.append(f"{option}={_seconds(value)}")
+    sections = config["rank_section_timeouts"]
+    assert isinstance(sections, dict)
+    # The option's syntax is name:seconds,...; a name with either separator stays in the file.
+    fixed = any(value is not None for value in sections.values())
+    if fixed and not any("," in name or ":" in name for name in sections):
+        pairs = [f"{name}:{'none' if t is None else _seconds(t)}" for name, t in sections.items()]
+        options.append(f"--ft-rank-section-timeouts={','.join(pairs)}")
+    return options
+
+
+def uses_worker_library(job: Job, cwd: Path | None = None) -> bool:
+    """Whether the job's entrypoint imports nvtrain's worker library (``nvtrain`` or
+    ``nvtrain.*``), judged from source without running anything: the script file (relative to
+    ``cwd``), or for a module its file and its packages' ``__init__.py``, found as ``python -m``
+    would (``cwd`` first on the path) but without importing them. Imports made by other modules
+    of the job are not followed. A source that cannot be found, read or parsed counts as yes.
+    Reads files; ``build_plan`` takes the answer."""
+    base = cwd or Path.cwd()
+    try:
+        if job.module is not None:
+            files = _module_files(job.module, base)
+        else:
+            script = Path(str(job.script))
+            files = [script if script.is_absolute() else base / script]
+        return any(_imports_nvtrain(path) for path in files)
+    except (ImportError, OSError, SyntaxError, ValueError):
+        return True
+
+
+def _module_files(module: str, cwd: Path) -> list[Path]:
+    """The files ``python -m module`` runs: each package's ``__init__.py``, then the module (a
+    package's ``__main__.py``). ImportError where one is not a Python source file."""
+    search: list[str] | None = [str(cwd), *sys.path]
+    files, name = [], ""
+    for part in [*module.split("."), None]:
+        if part is None:  # `-m package` runs the package's __main__
+            if search is None or not name:
+                break
+            part = "__main__"
+        name = f"{name}.{part}" if name else part
+        spec = importlib.machinery.PathFinder.find_spec(name, search)
+        if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+            raise ImportError(f"no Python source for {name}")
+        files.append(Path(spec.origin))
+        search = list(spec.submodule_search_locations or []) or None
+        if part == "__main__":
+            break
+    return files
+
+
+def _imports_nvtrain(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        if any(name == "nvtrain" or name.startswith("nvtrain.") for name in names):
+            return True
+    return False
+
+
 def build_plan(
     policy: Policy,
     identity: Identity,
@@ -70,10 +190,19 @@ def build_plan(
     policy_path: str,
     events_path: str,
     extra_args: tuple[str, ...] = (),
+    launcher_options: tuple[str, ...] = (),
     host_copy_path: str | None = None,
     zygote_path: str | None = None,
+    ft_config_path: str | None = None,
+    worker_library: bool = True,
 ) -> LaunchPlan:
-    """ft_launcher's command line and extra environment for this node."""
+    """ft_launcher's command line and extra environment for this node.
+
+    ``launcher_options`` are more ft_launcher options (torchrun's ``--tee``, ``--log-dir``, ...),
+    placed after nvtrain's own and before the entrypoint. ``ft_config_path`` is where
+    ``rundir.write_state`` writes :func:`ft_config_text`. ``worker_library``: whether the
+    entrypoint uses nvtrain's worker library (:func:`uses_worker_library`), without which the
+    in-process layer cannot act and needs nothing from the environment."""
     r, hb, job = policy.rendezvous, policy.heartbeat, policy.job
     if identity.standalone:
         host, wait_for = "127.0.0.1", None
@@ -105,11 +234,9 @@ def build_plan(
     ]
     if identity.address:
         argv.append(f"--local-addr={identity.address}")
-    argv += [
-        f"--ft-initial-rank-heartbeat-timeout={_seconds(hb.initial_timeout)}",
-        f"--ft-rank-heartbeat-timeout={_seconds(hb.timeout)}",
-        f"--ft-workload-check-interval={_seconds(hb.monitor_interval)}",
-    ]
+    if ft_config_path:
+        argv.append(f"--ft-cfg-path={ft_config_path}")
+    argv += _ft_options(hb)
     if nvrx.supports_min_healthy:
         argv.append(f"--ft-restart-policy={policy.restart.in_job.policy}")
         if not identity.has_infiniband:
@@ -119,6 +246,7 @@ def build_plan(
             argv.append("--ft-enable-nic-healthcheck=false")
         if not identity.has_gpu:
             argv.append("--ft-gpu-memory-reclaim-timeout=0")
+    argv += launcher_options
     target = ["-m", job.module] if job.module is not None else [str(job.script)]
     zygote: list[str] | None = None
     if job.warm_start and zygote_path:
@@ -141,10 +269,13 @@ def build_plan(
         env["NVTRAIN_HOST_COPY_DIR"] = host_copy_path
     if zygote is not None and zygote_path:
         env["NVTRAIN_ZYGOTE"] = zygote_path
-    # The in-process layer polls its stores every second; c10d logs each poll timeout.
-    defaults = {"TORCH_CPP_LOG_LEVEL": "ERROR"}
-    if policy.restart.in_process.enabled and job.backend != "gloo":
-        # What NVRx's in-process restart needs from NCCL: errors raised, not fatal, and no
-        # NVLink SHARP (multicast) communicators, which cannot be aborted.
-        defaults.update({"TORCH_NCCL_RETHROW_CUDA_ERRORS": "0", "NCCL_NVLS_ENABLE": "0"})
+    # Only what the chosen layers need: a plain torchrun script keeps torch's and NCCL's defaults.
+    defaults: dict[str, str] = {}
+    if policy.restart.in_process.enabled and worker_library:
+        # The in-process layer polls its stores every second; c10d logs each poll timeout.
+        defaults["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+        if job.backend != "gloo":
+            # What NVRx's in-process restart needs from NCCL: errors raised, not fatal, and no
+            # NVLink SHARP (multicast) communicators, which cannot be aborted.
+            defaults.update({"TORCH_NCCL_RETHROW_CUDA_ERRORS": "0", "NCCL_NVLS_ENABLE": "0"})
     return LaunchPlan(argv, env, endpoint, is_host, wait_for, job.stop_timeout, defaults, zygote)

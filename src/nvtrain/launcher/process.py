@@ -100,7 +100,7 @@ class Child:
             env=dict(env),
             start_new_session=True,
             stdout=subprocess.PIPE if capture else None,
-            stderr=subprocess.STDOUT if capture else None,
+            stderr=subprocess.PIPE if capture else None,
             text=capture,
             bufsize=1 if capture else -1,
             errors="replace" if capture else None,
@@ -114,9 +114,15 @@ class Child:
     def poll(self) -> int | None:
         return self._ended(self.popen.poll())
 
-    def lines(self) -> Iterator[str]:
-        """The child's output (stdout and stderr), line by line, until it closes (``capture``)."""
+    def stdout_lines(self) -> Iterator[str]:
+        """The child's stdout, line by line, until it closes (``capture``)."""
         stream = self.popen.stdout
+        assert stream is not None, "started without capture"
+        return iter(stream)
+
+    def stderr_lines(self) -> Iterator[str]:
+        """The child's stderr, line by line, until it closes (``capture``)."""
+        stream = self.popen.stderr
         assert stream is not None, "started without capture"
         return iter(stream)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from nvtrain.config.schema import Policy
 from nvtrain.errors import UsageError
 from nvtrain.launcher.identity import Identity
-from nvtrain.launcher.plan import LaunchPlan, build_plan
+from nvtrain.launcher.plan import FT_CONFIG_NAME, LaunchPlan, build_plan, ft_config_text, uses_worker_library
 from nvtrain.nvrx import NvrxVersion, installed_nvrx
 
 __all__ = [
@@ -51,6 +51,8 @@ class RunPaths:
     host_copy: Path | None = None
     """Node-local, memory-backed (``[checkpoint] memory_dir``): each rank's staged checkpoint,
     kept for the workers that replace it; None when the policy keeps no such copy."""
+    ft_config: Path | None = None
+    """Node-local: NVRx's fault-tolerance config from ``[heartbeat]`` (``--ft-cfg-path``)."""
 
 
 def host_copy_dir(policy: Policy, identity: Identity) -> Path | None:
@@ -66,10 +68,12 @@ def prepare(
     identity: Identity,
     *,
     extra_args: tuple[str, ...] = (),
+    launcher_options: tuple[str, ...] = (),
     nvrx: NvrxVersion | None = None,
     python: str = sys.executable,
 ) -> tuple[LaunchPlan, RunPaths]:
-    """The plan and the paths of this run; writes nothing (``--dry-run`` prints the plan)."""
+    """The plan and the paths of this run; writes nothing (``--dry-run`` prints the plan).
+    Reads the entrypoint's source, to tell whether it uses nvtrain's worker library."""
     version = nvrx or installed_nvrx()
     if version is None:
         raise UsageError(
@@ -81,7 +85,9 @@ def prepare(
     # machine (a test, a stray local start) must not overwrite or delete this one's policy.
     state = Path(tempfile.gettempdir()) / f"nvtrain-{identity.run_id}-node{identity.node_rank}-{os.getpid()}"
     host = host_copy_dir(policy, identity)
-    paths = RunPaths(run_dir, run_dir / "events.jsonl", state, state / "policy.json", host)
+    paths = RunPaths(
+        run_dir, run_dir / "events.jsonl", state, state / "policy.json", host, state / FT_CONFIG_NAME
+    )
     plan = build_plan(
         policy,
         identity,
@@ -90,16 +96,20 @@ def prepare(
         policy_path=str(paths.policy),
         events_path=str(paths.events),
         extra_args=extra_args,
+        launcher_options=launcher_options,
         host_copy_path=str(host) if host else None,
         zygote_path=str(state / "zygote.sock"),
+        ft_config_path=str(paths.ft_config),
+        worker_library=uses_worker_library(policy.job),
     )
     return plan, paths
 
 
 def write_state(policy: Policy, paths: RunPaths) -> None:
-    """Write the resolved policy (JSON) that the workers read through ``NVTRAIN_POLICY``,
-    after checking that the run's folder can be written, with room to spare (so a refused start
-    leaves nothing). A storage error is a ``UsageError`` (exit 2) naming the key and the fix."""
+    """Write the resolved policy (JSON) that the workers read through ``NVTRAIN_POLICY``, and
+    NVRx's fault-tolerance config that ft_launcher reads (``--ft-cfg-path``), after checking
+    that the run's folder can be written, with room to spare (so a refused start leaves
+    nothing). A storage error is a ``UsageError`` (exit 2) naming the key and the fix."""
     created = not paths.run_dir.exists()
     try:
         paths.run_dir.mkdir(parents=True, exist_ok=True)
@@ -114,6 +124,8 @@ def write_state(policy: Policy, paths: RunPaths) -> None:
         tmp = paths.policy.with_suffix(".tmp")
         tmp.write_text(policy.model_dump_json(by_alias=True), encoding="utf-8")
         os.replace(tmp, paths.policy)
+        if paths.ft_config is not None:
+            paths.ft_config.write_text(ft_config_text(policy.heartbeat), encoding="utf-8")
     except OSError as exc:
         shutil.rmtree(paths.state_dir, ignore_errors=True)
         raise UsageError(

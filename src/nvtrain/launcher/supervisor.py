@@ -1,9 +1,12 @@
 """Supervise one node: wait for DNS, start ft_launcher, pass signals on, escalate, report.
 
 The loop reads top to bottom (``Supervisor.run``): wait for the store's DNS name -> start
-ft_launcher in a session of its own -> echo its output and watch it (``watch.Watch``) -> on a
-signal, forward SIGTERM and allow ``stop_timeout`` -> on exit, kill every leftover descendant and
-say why the run ended (``outcome.decide``). A node that does not host the rendezvous store starts
+ft_launcher in a session of its own -> echo its stdout and stderr, each to ours, and watch them
+(``watch.Watch``); the launcher's own log lines go to the launcher log, and to the terminal only
+when they are warnings or errors, or with ``-v`` (``logwatch.LogSorter``) -> on a signal, forward
+it (SIGINT as SIGINT, which ft_launcher passes on to the workers; SIGTERM and SIGHUP as SIGTERM)
+and allow ``stop_timeout`` -> on exit, kill every leftover descendant and say why the run ended
+(``outcome.decide``). A node that does not host the rendezvous store starts
 ft_launcher again (re-resolving the store's name) when its launcher ends with an error rather
 than a spent budget or NVRx 0.7's "do not restart": that is how the job outlives a replaced pod 0.
 A rendezvous that did not gather its nodes within ``join_timeout`` is not retried here: it ends
@@ -26,6 +29,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Protocol, TextIO
 
@@ -46,6 +50,7 @@ from nvtrain.events.records import (
 )
 from nvtrain.launcher import dns
 from nvtrain.launcher.identity import Identity
+from nvtrain.launcher.logwatch import LogSorter
 from nvtrain.launcher.outcome import Outcome, decide, write_termination_log
 from nvtrain.launcher.plan import LaunchPlan
 from nvtrain.launcher.process import Child, become_subreaper, kill_all
@@ -59,6 +64,7 @@ if TYPE_CHECKING:
 __all__ = [
     "POLL_INTERVAL",
     "STOP_GRACE",
+    "launcher_log_path",
     "Launcher",
     "Outcome",
     "Reporter",
@@ -84,8 +90,12 @@ class Launcher(Protocol):
     @property
     def pid(self) -> int: ...
 
-    def lines(self) -> Iterable[str]:
-        """Its output (stdout and stderr together), line by line, until it closes."""
+    def stdout_lines(self) -> Iterable[str]:
+        """Its stdout (the workers' too), line by line, until it closes."""
+        ...
+
+    def stderr_lines(self) -> Iterable[str]:
+        """Its stderr (the workers' too; its own log), line by line, until it closes."""
         ...
 
     def wait(self, timeout: float | None = None) -> int | None:
@@ -111,6 +121,10 @@ class Supervisor:
     State: ``watch`` (what the run told us so far), ``launcher`` (the ft_launcher running now, if
     any), ``waiting_for_store`` (a signal then ends the DNS wait at once), ``relaunches``.
 
+    Output: ft_launcher's stdout goes to ``out``, its stderr to ``err``, line by line; the
+    launcher's own log lines (``LogSorter``) go to ``launcher_log`` and, unless ``verbose``,
+    only its warnings and errors go on to ``out``/``err``.
+
     The seam, for tests without processes: ``start_launcher`` returns anything with the
     ``Launcher`` interface; ``kill_leftovers`` and ``resolve`` stand for the process table and
     DNS; ``clock`` (monotonic seconds; deadlines given to ``Launcher.stop`` are on it) and
@@ -129,6 +143,9 @@ class Supervisor:
         env: Mapping[str, str] | None = None,
         report: Reporter | None = None,
         out: TextIO | None = None,
+        err: TextIO | None = None,
+        launcher_log: TextIO | None = None,
+        verbose: bool = False,
         metrics_port: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
@@ -141,6 +158,10 @@ class Supervisor:
         self.env = dict(env) if env is not None else launch_env(plan)
         self.report: Reporter = report or (lambda record: None)
         self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self.launcher_log = launcher_log
+        self.verbose = verbose
+        self._log_lock = threading.Lock()
         self.metrics_port = metrics_port
         self.clock = clock
         self.sleep = sleep
@@ -197,12 +218,12 @@ class Supervisor:
 
     def signalled(self, signum: int) -> None:
         """A forwarded signal (SIGTERM, SIGINT, SIGHUP) reached ``nvtrain run``: recorded once,
-        passed on to ft_launcher as SIGTERM, or, during the DNS wait, the end of the run."""
+        passed on to ft_launcher (``forwarded``), or, during the DNS wait, the end of the run."""
         if self.watch.signum is None:
             self.watch.signum = signum
             self.emit(SignalReceived(signal=signal.Signals(signum).name))
         if self.launcher is not None:
-            self.launcher.send(signal.SIGTERM)
+            self.launcher.send(forwarded(signum))
         elif self.waiting_for_store:
             raise _Stopped()
 
@@ -293,16 +314,23 @@ class Supervisor:
         launcher = self.start_launcher()
         self.launcher = launcher
         self.emit(LauncherStarted(launcher_pid=launcher.pid))
-        if self.watch.stopped():  # a signal arrived between the DNS wait and the start
-            launcher.send(signal.SIGTERM)
-        reader = threading.Thread(target=self._pump, args=(launcher,), daemon=True)
-        reader.start()
+        if self.watch.signum is not None:  # a signal arrived between the DNS wait and the start
+            launcher.send(forwarded(self.watch.signum))
+        seen: set[str] = set()  # the launcher's warnings shown so far, from either stream
+        failed: set[str] = set()
+        readers = [
+            threading.Thread(target=self._pump, args=(lines, dest, LogSorter(seen), failed), daemon=True)
+            for lines, dest in ((launcher.stdout_lines(), self.out), (launcher.stderr_lines(), self.err))
+        ]
+        for reader in readers:
+            reader.start()
         try:
             code = self._wait(launcher)
         finally:
             self.launcher = None
             leftovers = self.kill_leftovers()
-            reader.join(timeout=5.0)
+            for reader in readers:
+                reader.join(timeout=5.0)
         if leftovers:
             self.emit(KilledLeftovers(pids=tuple(leftovers)))
         return code
@@ -322,21 +350,33 @@ class Supervisor:
                 elif self.clock() >= deadline:
                     return launcher.stop(self.clock())
 
-    def _pump(self, launcher: Launcher) -> None:
-        """Echo ft_launcher's output and watch it until the pipe closes. Nothing may end this
-        loop early: ft_launcher (and every worker writing to the same pipe) blocks once the
-        unread pipe is full, and the job would hang. A failure is reported once per kind and
-        the loop goes on."""
-        failed: set[str] = set()
-        for text in launcher.lines():
+    def _pump(self, lines: Iterable[str], dest: TextIO, sorter: LogSorter, failed: set[str]) -> None:
+        """Echo one of ft_launcher's streams to ``dest`` (the launcher's own log lines to the
+        launcher log, and to ``dest`` as ``sorter`` says) and watch it until the pipe closes.
+        Nothing may end this loop early: ft_launcher (and every worker writing to the same
+        pipe) blocks once the unread pipe is full, and the job would hang. A failure is
+        reported once per kind (``failed``, shared by both streams) and the loop goes on."""
+        for text in lines:
             try:
-                self.out.write(text)
-                self.out.flush()
+                launchers, shown = sorter.sort(text)
             except Exception as exc:  # any: see above
-                self._failed_once(failed, "echoing", exc)
+                self._failed_once(failed, "sorting", exc)
+                launchers, shown = False, True
+            if launchers and self.launcher_log is not None:
+                try:
+                    with self._log_lock:
+                        self.launcher_log.write(text)
+                        self.launcher_log.flush()
+                except Exception as exc:  # any: see above
+                    self._failed_once(failed, "logging", exc)
+            if shown or self.verbose:
+                try:
+                    dest.write(text)
+                    dest.flush()
+                except Exception as exc:  # any: see above
+                    self._failed_once(failed, "echoing", exc)
             try:
-                record = self.watch.line(text)
-                if record is not None:
+                for record in self.watch.line(text):
                     self.emit(record)
             except Exception as exc:  # any: see above
                 self._failed_once(failed, "reading events from", exc)
@@ -348,6 +388,18 @@ class Supervisor:
         error = f"{doing} ft_launcher's output: {type(exc).__name__}: {exc} (reported once; goes on)"
         with contextlib.suppress(Exception):  # the report goes to stderr, which may be what fails
             self.report(LauncherOutputError(error=error))
+
+
+def forwarded(signum: int) -> int:
+    """The signal ft_launcher gets for ``signum`` reaching ``nvtrain run``: SIGINT stays SIGINT
+    (torch elastic's agent stops its workers with the signal it got, so a script's ``except
+    KeyboardInterrupt:`` runs, as under torchrun); SIGTERM and SIGHUP become SIGTERM."""
+    return signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
+
+
+def launcher_log_path(paths: RunPaths, node: int) -> Path:
+    """Where ``nvtrain run`` on node ``node`` writes ft_launcher's own log lines."""
+    return paths.run_dir / f"launcher-node{node}.log"
 
 
 def launch_env(plan: LaunchPlan) -> dict[str, str]:
@@ -367,11 +419,14 @@ def supervise(
     *,
     out: TextIO | None = None,
     report: Reporter | None = None,
+    verbose: bool = False,
 ) -> Outcome:
     """Run ``plan`` on this node until it ends; returns the exit code and its cause.
 
     Writes the run's state first (``write_state``), serves metrics if the policy asks, and
-    removes the state when the run ends. A ``DnsTimeout`` (exit 3) is recorded in the events log
+    removes the state when the run ends. ft_launcher's own log lines go to
+    ``<run dir>/launcher-node<N>.log`` (appended to), and to the terminal only when they are
+    warnings or errors, or when ``verbose``. A ``DnsTimeout`` (exit 3) is recorded in the events log
     and the termination log, then raised for the caller to report.
     """
     nvrx = installed_nvrx()
@@ -381,6 +436,9 @@ def supervise(
         try:  # makes the run's folder, written a moment ago: fails only if it fails now
             events = EventLog(
                 paths.events, node=identity.node_rank, run_id=identity.run_id, source="launcher"
+            )
+            launcher_log = launcher_log_path(paths, identity.node_rank).open(
+                "a", encoding="utf-8", errors="replace"
             )
         except OSError as exc:
             if metrics:
@@ -398,6 +456,8 @@ def supervise(
             nvrx=nvrx,
             report=report,
             out=out,
+            launcher_log=launcher_log,
+            verbose=verbose,
             metrics_port=metrics.port if metrics else None,
         )
         # A failed write (full checkpoint volume) is reported, never raised; and noted for the cause.
@@ -406,6 +466,7 @@ def supervise(
         return supervisor.run()
     finally:
         remove_state(paths)
+        launcher_log.close()
         if metrics:
             metrics.close()
 

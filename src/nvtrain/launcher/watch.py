@@ -10,6 +10,10 @@ Structured sources come first; ft_launcher's log text only says what nothing els
   code or signal; the rank monitor's missing heartbeat; a completed rendezvous (an attempt's start
   for scripts that log no events); ft_launcher's own error (a rendezvous timeout among them);
   the restarts it logged;
+- the workers' tracebacks (``logwatch.read_raised``: torch.distributed prints an uncaught
+  exception as ``[rank<N>]: ...`` lines): which rank raised first, and what. ft_launcher names
+  one failed worker per attempt, the first it found; when its peers fail within the same look
+  (a broken collective), that is the lowest local rank, not the one that failed first;
 - the signals that reach ``nvtrain run`` (set by the supervisor).
 
 ``Watch`` decides escalation (failures that repeat without progress) and is what
@@ -48,10 +52,14 @@ from nvtrain.events.records import (
     WorkerStart,
     WorkerStopped,
 )
-from nvtrain.launcher.logwatch import RENDEZVOUS_TIMEOUT, read_line
+from nvtrain.launcher.logwatch import RENDEZVOUS_TIMEOUT, caused_by_peer, read_line, read_raised
 from nvtrain.launcher.outcome import seconds
 
-__all__ = ["Watch"]
+__all__ = ["STARTUP_LIMIT", "Watch"]
+
+STARTUP_LIMIT = 20 * 60.0
+"""Seconds an attempt must run to count as progress when ``[heartbeat] initial_timeout`` is not
+set (NVRx's own default initial timeout is longer; a start-up rarely takes this long)."""
 
 _SHOWN = (
     FaultInjected,
@@ -126,10 +134,15 @@ class Watch:
         self._stopped: set[int] = set()
         self._gave_up: dict[int, str] = {}
         self._failed_pids: set[int] = set()
-        self._last_rank: int | None = None
+        self._last_rank: str | None = None
+        """Who failed last (``_named``)."""
         self._same_rank = 0
         self._step_at_failure: int | None = None
         self._stalled = 0
+        self._raised: dict[int, str | None] = {}
+        """Global ranks of this attempt that printed a traceback, first first: the exception."""
+        self._attempt_root = False
+        """This attempt's first failure was a rank that raised (``_failed``)."""
 
     @property
     def budget_spent(self) -> bool:
@@ -161,7 +174,7 @@ class Watch:
             self._restart_lines = 0
             self._hangs.clear()
             self._hung_ranks.clear()
-            self.attempt_started = self.clock()
+            self._new_attempt()
             self.launcher_error = None
             self.rendezvous_timeout = False
 
@@ -172,19 +185,33 @@ class Watch:
         elif isinstance(record, EventsLogResumed):
             self.storage.pop("events", None)
 
-    def line(self, text: str) -> Event | None:
-        """Take one line of ft_launcher's output; returns the record to log, if it says
-        something nvtrain acts on (a worker failure is logged once, with what else is known)."""
+    def _new_attempt(self) -> None:
+        self.attempt_started = self.clock()
+        self._raised = {}
+        self._attempt_root = False
+
+    def line(self, text: str) -> list[Event]:
+        """Take one line of ft_launcher's output (in order within its stream); returns the
+        records to log, if it says something nvtrain acts on (a worker failure is logged once,
+        with what else is known; first the rank that raised before it, when another did)."""
+        raised = read_raised(text)
+        if raised is not None:
+            with self.lock:
+                if raised.error is None:
+                    self._raised.setdefault(raised.rank, None)
+                elif raised.rank in self._raised:  # the last line of its traceback
+                    self._raised[raised.rank] = raised.error
+            return []
         record = read_line(text)
         if record is None:
-            return None
+            return []
         with self.lock:
             if isinstance(record, WorkerFailed):
                 return self._failed(record)
             if isinstance(record, RendezvousDone):
                 # The workers start right after it. Their own worker_start, when they log one,
                 # is later and says so exactly; this is the start for scripts that log nothing.
-                self.attempt_started = self.clock()
+                self._new_attempt()
                 self.world_nodes = record.nodes
             elif isinstance(record, RestartBegin):
                 self._restart_lines += 1
@@ -196,7 +223,7 @@ class Watch:
             elif isinstance(record, LauncherError):
                 self.launcher_error = record.message
                 self.rendezvous_timeout = record.error == RENDEZVOUS_TIMEOUT
-        return record
+        return [record]
 
     def poll_workers(self) -> None:
         """Read what the workers logged since the last look; show faults, in-process restarts
@@ -247,11 +274,11 @@ class Watch:
         elif isinstance(record, WorkerGaveUp) and record.pid is not None:
             self._gave_up[record.pid] = record.reason or "no reason given"
 
-    def _failed(self, record: WorkerFailed) -> WorkerFailed | None:
+    def _failed(self, record: WorkerFailed) -> list[Event]:
         pid = record.worker_pid
         if pid is not None:
             if pid in self._failed_pids:
-                return None  # the same failure, logged again
+                return []  # the same failure, logged again
             self._failed_pids.add(pid)
         self._read_workers()  # what the workers logged before ft_launcher saw them end
         known = pid is not None
@@ -266,38 +293,79 @@ class Watch:
             stopped=True if known and pid in self._stopped else None,
             gave_up=self._gave_up.get(pid) if pid is not None else None,
             step=self.last_step,
+            raised=self._raised.get(rank) if rank is not None else None,
         )
         self._hangs.discard(record.local_rank)
         self._hung_ranks.discard(rank)
-        if not failure.stopped:  # a worker that was told to stop is no fault
+        root = self._raised_first(failure)
+        if root is not None:
+            self._attempt_root = True
+            self._check_progress(root)
+            self.failures.append(root)
+        elif not failure.stopped and not self._attempt_root:  # told to stop: no fault
             self._check_progress(failure)
         self.failures.append(failure)
-        return failure
+        return [root, failure] if root is not None else [failure]
+
+    def _raised_first(self, failure: WorkerFailed) -> WorkerFailed | None:
+        """The failure of another rank of this node that raised an exception of its own before
+        ``failure`` was seen, when there is one and ``failure`` is a worker that exited (not
+        one killed by a signal: that one failed first, or was stopped) whose global rank is
+        known. Its process may still be exiting: exit code and pid unknown (its own failure line
+        may follow)."""
+        if self._attempt_root or failure.signal is not None or failure.rank is None:
+            return None
+        first = next(
+            (r for r, error in self._raised.items() if error is not None and not caused_by_peer(error)), None
+        )
+        if first is None or first == failure.rank:
+            return None
+        pid = next((p for p, r in self._rank_of.items() if r == first), None)
+        return WorkerFailed(
+            source="launcher",
+            rank=first,
+            local_rank=first if self.world_nodes == 1 else None,
+            worker_pid=pid,
+            raised=self._raised[first],
+            step=self.last_step,
+        )
 
     def _check_progress(self, failure: WorkerFailed) -> None:
         """Escalate when failures repeat without progress: at the same step when the workers
         report steps (the worker library does), else when the same local rank fails again in
-        attempts that each ended within ``[heartbeat] initial_timeout`` of their start. An
-        attempt that ran longer got past start-up, which counts as progress: the count of
-        failures in a row starts again."""
-        rank = failure.local_rank
+        attempts that each ended within ``[heartbeat] initial_timeout`` (``STARTUP_LIMIT``
+        when it is not set) of their start. An attempt that ran longer got past start-up, which
+        counts as progress: the count of failures in a row starts again."""
+        rank = _named(failure)
         previous, self._last_rank = self._last_rank, rank
         limit = self.policy.restart.escalate_after
         step = failure.step
         if step is None:
             ran = self.clock() - self.attempt_started
-            progressed = ran >= self.policy.heartbeat.initial_timeout
+            initial = self.policy.heartbeat.initial_timeout
+            progressed = ran >= (initial if initial is not None else STARTUP_LIMIT)
             same = previous is not None and previous == rank
             self._same_rank = self._same_rank + 1 if same and not progressed else 1
             if self._same_rank >= limit:
+                within = (
+                    f"[heartbeat] initial_timeout = {seconds(initial)}"
+                    if initial is not None
+                    else f"{seconds(STARTUP_LIMIT)} ([heartbeat] initial_timeout is not set)"
+                )
                 self.escalated = (
-                    f"local rank {rank} failed {self._same_rank} times in a row, "
-                    "each time within [heartbeat] initial_timeout = "
-                    f"{seconds(self.policy.heartbeat.initial_timeout)} of its attempt's start "
+                    f"{rank} failed {self._same_rank} times in a row, "
+                    f"each time within {within} of its attempt's start "
                     "(the workers report no steps; an attempt that runs longer counts as progress)"
                 )
             return
         self._stalled = self._stalled + 1 if step == self._step_at_failure else 1
         self._step_at_failure = step
         if self._stalled >= limit:
-            self.escalated = f"{self._stalled} failures in a row at step {step} (last: local rank {rank})"
+            self.escalated = f"{self._stalled} failures in a row at step {step} (last: {rank})"
+
+
+def _named(failure: WorkerFailed) -> str:
+    """ "local rank 1", or "rank 9" when only the global rank is known."""
+    if failure.local_rank is None and failure.rank is not None:
+        return f"rank {failure.rank}"
+    return f"local rank {failure.local_rank}"

@@ -64,6 +64,8 @@ _VALUES: dict[str, dict[str, str]] = {
         "initial_timeout": '"20m"',
         "timeout": '"15m"',
         "monitor_interval": '"5s"',
+        "sections": '{ step = "auto", checkpoint = "auto" }',
+        "out_of_section_timeout": '"auto"',
     },
     "restart": {"escalate_after": "3"},
     "restart.in_process": {
@@ -90,6 +92,10 @@ _VALUES: dict[str, dict[str, str]] = {
     "faults": {"step": "100", "rank": "1", "kind": '"exception"'},
 }
 _UNSET = {
+    ("heartbeat", "initial_timeout"),
+    ("heartbeat", "timeout"),
+    ("heartbeat", "sections"),
+    ("heartbeat", "out_of_section_timeout"),
     ("job", "module"),
     ("rendezvous", "service"),
     ("rendezvous", "min_nodes"),
@@ -149,7 +155,12 @@ def _table(name: str, model: type[BaseModel], *, commented: bool = False) -> lis
             raise KeyError(f"starter policy: no value for [{name}] {key}; add it to _VALUES")
         doc = (info.description or "").strip()
         default = _default_text(info)
-        if default is not None and default != values[key] and (name, key) not in _UNSET:
+        if (
+            default is not None
+            and default != values[key]
+            and (name, key) not in _UNSET
+            and "Default:" not in doc
+        ):
             doc += f" Default: {default}."
         unset = commented or (name, key) in _UNSET
         lines += ["", *_comment(doc), f"{'# ' if unset else ''}{key} = {values[key]}"]

@@ -18,18 +18,35 @@ from nvtrain.events import EventLog
 from nvtrain.events.records import ObjectReused, Step
 from nvtrain.worker.checkpoint import Checkpointer, committed_steps
 from nvtrain.worker.faults import FaultInjector
-from nvtrain.worker.heartbeat import Heartbeat
+from nvtrain.worker.heartbeat import KEEP_ALIVE_FALLBACK, Heartbeat
+from nvtrain.worker.settings import say
 
 __all__ = ["Context", "KeptStateLost"]
 
 _STEP_SAMPLE = 10
 """Step timings are written to the events log every this many steps (and every saved step)."""
 
+TIMEOUTS_AFTER_STEPS = 8
+"""With no ``[heartbeat] timeout`` in the policy, NVRx computes the heartbeat timeouts at the
+first step of an attempt past this many steps and past its first checkpoint save (if a
+checkpointer is bound): the intervals seen by then include the slow first steps and a save."""
+
 T = TypeVar("T")
 
 _KEPT: dict[tuple[str, str], tuple[tuple[int, int], Any]] = {}
 """Objects kept by ``Context.reuse`` per (run directory, key), with the (rank, world size) of
 the attempt that built them; they live as long as the process (in-process restarts)."""
+
+
+def pause_limit(policy: Policy) -> float:
+    """How long a paused stretch (a checkpoint save or restore, ``Context.section``) keeps the
+    heartbeats alive: the longer of ``[heartbeat] initial_timeout`` and ``timeout``, each taken
+    as ``KEEP_ALIVE_FALLBACK`` (20 minutes) when unset."""
+    hb = policy.heartbeat
+    return max(
+        KEEP_ALIVE_FALLBACK if hb.initial_timeout is None else hb.initial_timeout,
+        KEEP_ALIVE_FALLBACK if hb.timeout is None else hb.timeout,
+    )
 
 
 class KeptStateLost(RuntimeError):
@@ -79,6 +96,12 @@ class Context:
         # The main thread (leaving an attempt) and NVRx's abort thread both log the last step.
         self._log_lock = threading.Lock()
         self._reused: list[str] = []
+        self._steps = 0
+        """Steps completed in this attempt."""
+        self._saved = False
+        """A checkpoint was saved in this attempt."""
+        self._timeouts_pending = heartbeat.enabled and policy.heartbeat.timeout is None
+        """NVRx is still to compute the heartbeat timeouts in this attempt."""
 
     def checkpointer(
         self,
@@ -91,7 +114,6 @@ class Context:
         checkpoint of this run. Sets and returns ``start_step`` through ``ctx.start_step``."""
         if self._checkpointer is not None:
             raise RuntimeError("checkpointer() is called once per attempt")
-        hb = self.policy.heartbeat
         self._checkpointer = Checkpointer(
             model=model,
             optimizer=optimizer,
@@ -100,7 +122,7 @@ class Context:
             events=self.events,
             extra=extra,
             pause=self.section,
-            pause_limit=max(hb.initial_timeout, hb.timeout),
+            pause_limit=pause_limit(self.policy),
             run_id=self.run_id,
             write_threads=self.policy.checkpoint.write_threads,
         )
@@ -149,6 +171,10 @@ class Context:
         """Call after every optimizer step: heartbeat, progress, checkpoint when due, faults."""
         now = time.monotonic()
         self.heartbeat.step()
+        self._steps += 1
+        if self._timeouts_pending and self._steps >= TIMEOUTS_AFTER_STEPS:
+            if self._checkpointer is None or self._saved:
+                self._calculate_timeouts()
         if self._call_wrapper is not None:
             self._call_wrapper.ping()
         saving = self._checkpointer is not None and self._checkpointer.due(step)
@@ -171,10 +197,25 @@ class Context:
         if self._checkpointer is not None:
             if self._call_wrapper is not None and saving:
                 with self._call_wrapper.atomic():
-                    self._checkpointer.maybe_save(step)
+                    self._saved |= self._checkpointer.maybe_save(step)
             else:
-                self._checkpointer.maybe_save(step)
+                self._saved |= self._checkpointer.maybe_save(step)
         self.faults.maybe_fire(step, self.rank)
+
+    def _calculate_timeouts(self) -> None:
+        """NVRx computes the heartbeat timeouts (every rank calls this at the same step: a
+        collective). A failure leaves hang detection as it was; it never stops training."""
+        try:
+            done = self.heartbeat.calculate_timeouts(self.policy.heartbeat.initial_timeout)
+        except Exception as exc:
+            self._timeouts_pending = False  # once: a collective cannot be retried by some ranks
+            if self.rank == 0 or not dist.is_initialized():
+                say(
+                    f"NVRx could not compute the heartbeat timeouts ({exc!r}); hangs are not "
+                    "detected by heartbeats: set [heartbeat] timeout in the policy"
+                )
+            return
+        self._timeouts_pending = not done
 
     def finish(self) -> None:
         """Log the last step, and wait for the last checkpoint to be committed."""
@@ -214,11 +255,9 @@ class Context:
     def section(self, limit: float | None = None) -> Iterator[None]:
         """Run a long stretch that is not a training step (evaluation, a slow data-loader
         rebuild) without being taken for a hang: heartbeats and NVRx's progress are kept alive
-        from a thread for at most ``limit`` seconds (default: the longer of ``[heartbeat]
-        initial_timeout`` and ``timeout``); past that, a hang inside is caught as usual.
-        Checkpoint saves and restores run in one."""
-        hb = self.policy.heartbeat
-        limit = max(hb.initial_timeout, hb.timeout) if limit is None else limit
+        from a thread for at most ``limit`` seconds (default: :func:`pause_limit`); past that,
+        a hang inside is caught as usual. Checkpoint saves and restores run in one."""
+        limit = pause_limit(self.policy) if limit is None else limit
         with self.heartbeat.paused(limit), self._progress_kept(limit):
             yield
 

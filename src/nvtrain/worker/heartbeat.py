@@ -5,6 +5,11 @@ that dies before its first heartbeat otherwise leaves its monitor rejecting ever
 and long operations (checkpoint save and load, evaluation) run inside ``paused()``, which keeps
 beating from a thread up to a limit, so a slow checkpoint never looks like a hang while a real
 hang inside it is still caught.
+
+When the policy fixes no ``[heartbeat] timeout``, NVRx computes the timeouts from the heartbeat
+intervals it observed, when the workers ask (``calculate_timeouts``, a collective), as NVRx's own
+examples do; until then the rank monitors have no fixed timeout. The keep-alive threads beat at
+least four times per steady-state timeout the rank monitor applies.
 """
 
 from __future__ import annotations
@@ -14,7 +19,11 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["Heartbeat"]
+__all__ = ["KEEP_ALIVE_FALLBACK", "Heartbeat"]
+
+KEEP_ALIVE_FALLBACK = 1200.0
+"""How long the keep-alive threads (start-up, ``paused``) beat when the policy sets no heartbeat
+timeout to bound them: 20 minutes. Past it, a hang inside is caught by NVRx's timeouts."""
 
 
 class Heartbeat:
@@ -22,10 +31,46 @@ class Heartbeat:
 
     def __init__(self, enabled: bool, interval: float) -> None:
         self.enabled = enabled
+        self.base_interval = interval
         self.interval = interval
+        """Seconds between keep-alive beats: ``interval``, or a quarter of the rank monitor's
+        steady-state timeout when that is shorter (a computed one may well be)."""
         self._client: Any = None
         self._lock = threading.Lock()
         self._startup: threading.Event | None = None
+
+    def _follow(self) -> None:
+        """Beat often enough for the steady-state timeout NVRx applies now."""
+        steady = getattr(getattr(self._client, "hb_timeouts", None), "subsequent", None)
+        if isinstance(steady, int | float) and steady > 0:
+            self.interval = min(self.base_interval, steady / 4)
+        else:
+            self.interval = self.base_interval
+
+    def calculate_timeouts(self, initial: float | None) -> bool:
+        """Ask NVRx to compute the heartbeat timeouts from the intervals observed so far (the
+        longest, times its ``safety_factor``; averaged with the previous computed values):
+        a collective (MAX all-reduce on the default process group), so every rank calls it at
+        the same step. Returns whether they were set (False: not enough data yet).
+
+        NVRx's initial timeout comes out as a few milliseconds here: it measures up to the
+        first heartbeat, which this class sends right after connecting. It is replaced by
+        ``initial`` (the policy's), or else by the steady-state timeout, so that a replaced
+        worker is not killed between connecting and its first heartbeat. Raises what NVRx raises."""
+        if self._client is None:
+            return False
+        with self._lock:
+            client = self._client
+            if not client.calculate_and_set_hb_timeouts(skip_if_not_ready=True):
+                return False
+            computed = client.hb_timeouts
+            floor = initial if initial is not None else max(computed.initial, computed.subsequent)
+            if computed.initial != floor:
+                # load_state_dict is NVRx's public way to hand computed timeouts to the monitor.
+                heartbeat = {"initial": floor, "subsequent": computed.subsequent, "were_calculated": True}
+                client.load_state_dict({client.CURRENT_TIMEOUTS_STATE_KEY: {"heartbeat": heartbeat}})
+            self._follow()
+        return True
 
     def start(self, startup_limit: float = 0.0) -> None:
         """Connect to the rank monitor and send the first heartbeat at once. Then, until the
@@ -40,6 +85,7 @@ class Heartbeat:
         client.init_workload_monitoring()
         client.send_heartbeat()
         self._client = client
+        self._follow()  # timeouts a previous worker had computed stay with the rank monitor
         if startup_limit > 0:
             self._startup = threading.Event()
             threading.Thread(
@@ -51,8 +97,11 @@ class Heartbeat:
 
     def _keep_alive(self, done: threading.Event, limit: float) -> None:
         waited = 0.0
-        while waited < limit and not done.wait(min(self.interval, limit - waited)):
-            waited += self.interval
+        while waited < limit:
+            every = self.interval
+            if done.wait(min(every, limit - waited)):
+                break
+            waited += every
             with contextlib.suppress(Exception):
                 self.beat()
 

@@ -43,7 +43,7 @@ from nvtrain.events.records import (
 from nvtrain.worker import stopping
 from nvtrain.worker.context import Context
 from nvtrain.worker.faults import FaultInjector
-from nvtrain.worker.heartbeat import Heartbeat
+from nvtrain.worker.heartbeat import KEEP_ALIVE_FALLBACK, Heartbeat
 from nvtrain.worker.settings import WorkerSettings, load_settings
 
 __all__ = ["run"]
@@ -184,12 +184,12 @@ def run(main: Main) -> Any:
     policy = settings.policy
     rank = int(os.environ.get("RANK", "0"))
     events = settings.events(rank=rank, host=socket.gethostname())
-    heartbeat = Heartbeat(
-        settings.under_launcher, interval=min(policy.heartbeat.monitor_interval, policy.heartbeat.timeout / 4)
-    )
+    hb = policy.heartbeat
+    interval = hb.monitor_interval if hb.timeout is None else min(hb.monitor_interval, hb.timeout / 4)
+    heartbeat = Heartbeat(settings.under_launcher, interval=interval)
     run_dir = Path(policy.checkpoint.dir) / settings.run_id
     faults = FaultInjector(policy.faults, run_dir / "faults", events)
-    heartbeat.start(startup_limit=policy.heartbeat.initial_timeout)
+    heartbeat.start(startup_limit=KEEP_ALIVE_FALLBACK if hb.initial_timeout is None else hb.initial_timeout)
     if events is not None:
         events.emit(
             WorkerStart(

@@ -1,0 +1,13 @@
+"""Each rank prints ``STREAM OUT rank=N`` to stdout and ``STREAM ERR rank=N`` to stderr, and a
+line in the launcher's log format (a worker's own, not the launcher's: it must stay visible), then
+exits 0. No torch import."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+rank = os.environ["RANK"]
+print(f"STREAM OUT rank={rank}", flush=True)
+print(f"STREAM ERR rank={rank}", file=sys.stderr, flush=True)
+print(f"[rank{rank}] [INFO] step 1 STREAM OWN LOG rank={rank}", file=sys.stderr, flush=True)
