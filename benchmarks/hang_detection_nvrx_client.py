@@ -79,6 +79,16 @@ def measure(argv: list[str], env: dict[str, str]) -> dict[str, float]:
     }
 
 
+def _no_nic_checks() -> list[str]:
+    """What nvtrain passes on a machine without InfiniBand, per NVRx version."""
+    from nvtrain.nvrx import installed_nvrx
+
+    version = installed_nvrx()
+    if version is not None and version.supports_min_healthy:  # 0.4
+        return ["--ft-enable-nic-monitor=false"]
+    return ["--ft-enable-nic-healthcheck=false"]
+
+
 def run_once(kind: str) -> dict[str, float]:
     from nvtrain.config.schema import Policy
     from nvtrain.launcher.plan import ft_config_text
@@ -100,7 +110,7 @@ def run_once(kind: str) -> dict[str, float]:
             sys.executable, "-m", "nvidia_resiliency_ext.fault_tolerance.launcher",
             "--nnodes=1:1", "--nproc-per-node=2", "--rdzv-backend=c10d",
             f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=bench", "--max-restarts=2",
-            "--monitor-interval=1", f"--ft-cfg-path={cfg}", "--ft-enable-nic-monitor=false",
+            "--monitor-interval=1", f"--ft-cfg-path={cfg}", *_no_nic_checks(),
             str(CLIENT), *ARGS,
         ]  # fmt: skip
         return measure(argv, env)

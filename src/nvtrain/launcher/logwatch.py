@@ -89,7 +89,9 @@ def parse_line(line: str) -> Event | None:
         )
     match = _HANG.search(line)
     if match:
-        section = match.group(4) if match.group(4) is not None else (OUT_OF_SECTION if match.group(5) else None)
+        section = match.group(4)
+        if section is None and match.group(5):
+            section = OUT_OF_SECTION
         if match.group(1) is not None:  # 0.4: the global rank
             return HangDetected(
                 source="launcher", rank=int(match.group(1)), heartbeat=match.group(3), section=section
