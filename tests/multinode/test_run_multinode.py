@@ -19,11 +19,13 @@ from typing import Any
 import pytest
 from netns_pods import Cluster, Pod, policy_toml
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 RUN_ID = "mn-run"
-BUDGET = 108.0
-"""Seconds a test may spend before giving up (pytest's timeout is 120 s; teardown needs some)."""
+BUDGET = 228.0
+"""Seconds a test may spend before giving up (the module's pytest timeout is 240 s; teardown
+needs some). A liveness bound, not a speed target: on 2 loaded cores, a replaced pod 0 took 49 s
+from the kill to the restore (three launchers and six workers starting), and 108 s was too tight."""
 
 
 @pytest.fixture

@@ -321,7 +321,7 @@ def test_a_demo_run_outlives_a_full_checkpoint_volume(
     failed = seen("checkpoint_failed")
     assert first_failure["error"].startswith("No space left on device (ENOSPC)"), failed
     assert len(failed) == len({e["step"] for e in failed}), failed  # once per save, not per rank
-    said = re.findall(r"nvtrain worker rank 0: checkpoint of step (\d+) not saved", run.stdout)
+    said = re.findall(r"nvtrain worker rank 0: checkpoint of step (\d+) not saved", run.stderr)
     assert sorted(map(int, said)) == sorted(e["step"] for e in failed), run.describe()
     committed = [e["step"] for e in seen("checkpoint_committed")]
     assert committed[-1] == steps and committed[-1] > max(e["step"] for e in failed), committed
