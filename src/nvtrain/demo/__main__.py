@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -58,6 +59,13 @@ def batch(step: int, rank: int, device: torch.device) -> tuple[torch.Tensor, tor
     return x.to(device), (x.sum(dim=1, keepdim=True) / 8).to(device)
 
 
+def say(line: str) -> None:
+    """One line on stdout in one write: the ranks share the launcher's pipe, and a ``print``
+    under ``PYTHONUNBUFFERED`` is two writes (text, newline) that another rank's can split."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
     """A hash of this rank's model and optimizer shards (bitwise)."""
     digest = hashlib.sha256()
@@ -81,10 +89,9 @@ def main(ctx: nw.Context, args: argparse.Namespace) -> None:
     ctx.checkpointer(model, optimizer)
     if ctx.start_step == 0 and not init:
         initialise(ctx, model, args.width, args.depth)
-    print(
+    say(
         f"DEMO rank {ctx.rank}/{ctx.world_size} starts at step {ctx.start_step + 1} "
-        f"(attempt {ctx.iteration}, restart {ctx.restart_count}, pid {os.getpid()})",
-        flush=True,
+        f"(attempt {ctx.iteration}, restart {ctx.restart_count}, pid {os.getpid()})"
     )
     for step in range(ctx.start_step + 1, args.steps + 1):
         x, y = batch(step, ctx.rank, ctx.device)
@@ -97,13 +104,13 @@ def main(ctx: nw.Context, args: argparse.Namespace) -> None:
 
             time.sleep(args.step_time)
         if ctx.rank == 0 and step % args.log_every == 0:
-            print(f"DEMO step {step}/{args.steps} loss {loss.item():.5f}", flush=True)
+            say(f"DEMO step {step}/{args.steps} loss {loss.item():.5f}")
         ctx.step_done(step, loss=round(loss.item(), 6))
     if dist.is_initialized():
         dist.barrier()
     with ctx.section():  # hashing a large model takes seconds: not a hang
         digest = fingerprint(model, optimizer)
-    print(f"DEMO rank {ctx.rank} finished fingerprint {digest}", flush=True)
+    say(f"DEMO rank {ctx.rank} finished fingerprint {digest}")
 
 
 if __name__ == "__main__":

@@ -206,7 +206,9 @@ class Context:
         """NVRx computes the heartbeat timeouts (every rank calls this at the same step: a
         collective). A failure leaves hang detection as it was; it never stops training."""
         try:
-            done = self.heartbeat.calculate_timeouts(self.policy.heartbeat.initial_timeout)
+            done = self.heartbeat.calculate_timeouts(
+                self.policy.heartbeat.initial_timeout, self._timeout_floor()
+            )
         except Exception as exc:
             self._timeouts_pending = False  # once: a collective cannot be retried by some ranks
             if self.rank == 0 or not dist.is_initialized():
@@ -216,6 +218,15 @@ class Context:
                 )
             return
         self._timeouts_pending = not done
+
+    def _timeout_floor(self) -> float:
+        """The least heartbeat timeout NVRx may compute here. NVRx sees only the gaps between
+        heartbeats so far; an in-process restart (no heartbeats while the ranks tear down and
+        meet again) it has not seen. With that layer on, the heartbeat timeout stays above
+        its hard timeout, as a policy's fixed timeout must (1.5x, as the derived defaults),
+        so the in-process layer acts first."""
+        in_process = self.policy.restart.in_process
+        return 1.5 * in_process.hard_timeout if in_process.enabled else 0.0
 
     def finish(self) -> None:
         """Log the last step, and wait for the last checkpoint to be committed."""

@@ -47,7 +47,7 @@ class Heartbeat:
         else:
             self.interval = self.base_interval
 
-    def calculate_timeouts(self, initial: float | None) -> bool:
+    def calculate_timeouts(self, initial: float | None, floor: float = 0.0) -> bool:
         """Ask NVRx to compute the heartbeat timeouts from the intervals observed so far (the
         longest, times its ``safety_factor``; averaged with the previous computed values):
         a collective (MAX all-reduce on the default process group), so every rank calls it at
@@ -56,7 +56,9 @@ class Heartbeat:
         NVRx's initial timeout comes out as a few milliseconds here: it measures up to the
         first heartbeat, which this class sends right after connecting. It is replaced by
         ``initial`` (the policy's), or else by the steady-state timeout, so that a replaced
-        worker is not killed between connecting and its first heartbeat. Raises what NVRx raises."""
+        worker is not killed between connecting and its first heartbeat. Both timeouts are at
+        least ``floor``: the stretches NVRx cannot have observed (an in-process restart) must
+        not look like a hang. Raises what NVRx raises."""
         if self._client is None:
             return False
         with self._lock:
@@ -64,10 +66,12 @@ class Heartbeat:
             if not client.calculate_and_set_hb_timeouts(skip_if_not_ready=True):
                 return False
             computed = client.hb_timeouts
-            floor = initial if initial is not None else max(computed.initial, computed.subsequent)
-            if computed.initial != floor:
+            subsequent = max(computed.subsequent, floor)
+            first = initial if initial is not None else max(computed.initial, subsequent)
+            first = max(first, floor)
+            if (computed.initial, computed.subsequent) != (first, subsequent):
                 # load_state_dict is NVRx's public way to hand computed timeouts to the monitor.
-                heartbeat = {"initial": floor, "subsequent": computed.subsequent, "were_calculated": True}
+                heartbeat = {"initial": first, "subsequent": subsequent, "were_calculated": True}
                 client.load_state_dict({client.CURRENT_TIMEOUTS_STATE_KEY: {"heartbeat": heartbeat}})
             self._follow()
         return True

@@ -16,6 +16,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+# One write per line: the ranks share the launcher's pipe, and with PYTHONUNBUFFERED a print
+# is two writes (text, newline) that another rank's line can come between.
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
+
 print(
     f"DDP ARGS {json.dumps(sys.argv[1:])} RANK={os.environ['RANK']} WORLD_SIZE={os.environ['WORLD_SIZE']}",
     flush=True,

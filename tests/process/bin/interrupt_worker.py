@@ -9,6 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+# One write per line: the ranks share the launcher's pipe, and with PYTHONUNBUFFERED a print
+# is two writes (text, newline) that another rank's line can come between.
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
+
 directory = Path(sys.argv[1])
 rank = os.environ["RANK"]
 try:

@@ -10,6 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+# One write per line: the ranks share the launcher's pipe, and with PYTHONUNBUFFERED a print
+# is two writes (text, newline) that another rank's line can come between.
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
+
 folder, me, peer = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 (folder / f"{me}.tmp").write_text("here", encoding="utf-8")
 (folder / f"{me}.tmp").rename(folder / me)

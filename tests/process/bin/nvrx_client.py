@@ -17,7 +17,12 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import time
+
+# One write per line: the ranks share the launcher's pipe, and with PYTHONUNBUFFERED a print
+# is two writes (text, newline) that another rank's line can come between.
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
 
 
 def main() -> None:

@@ -12,6 +12,10 @@ import sys
 import torch
 import torch.distributed as dist
 
+# One write per line: the ranks share the launcher's pipe, and with PYTHONUNBUFFERED a print
+# is two writes (text, newline) that another rank's line can come between.
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()

@@ -7,6 +7,10 @@ from __future__ import annotations
 import os
 import sys
 
+# One write per line: the ranks share the launcher's pipe, and with PYTHONUNBUFFERED a print
+# is two writes (text, newline) that another rank's line can come between.
+sys.stdout.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
+
 rank = os.environ["RANK"]
 print(f"STREAM OUT rank={rank}", flush=True)
 print(f"STREAM ERR rank={rank}", file=sys.stderr, flush=True)
