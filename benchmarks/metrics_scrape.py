@@ -102,7 +102,7 @@ def main() -> None:
                 rebuilds.append(time.perf_counter() - start)
             rss = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
             del live
-            server = serve(Metrics(enabled=True, port=free_port()), path, run_id="bench", node=0)
+            server = serve(Metrics(enabled=True, port=free_port()), path, run_id="bench", node_rank=0)
             scrapes = []
             try:
                 url = f"http://127.0.0.1:{server.port}/metrics"

@@ -86,7 +86,7 @@ def test_faults_on_both_pods_recover_to_the_clean_runs_state(cluster: Cluster, t
     assert sorted(clean["fingerprints"]) == list(range(NODES * NPROC)), all_logs(cluster)[-4000:]
     assert faulty["fingerprints"] == clean["fingerprints"], faulty["logs"][-6000:]
 
-    events = read_events(checkpoints / "faulty" / "events.jsonl")
+    events = read_events(checkpoints / "faulty")
     assert "Unable to shutdown process" not in faulty["logs"], faulty["logs"][-6000:]
     stopped = events_of(events, "worker_stopped")
     assert [e for e in stopped if e.get("waited_s", 0.0) > 1.0 + STOP_TIMEOUT / 2] == [], stopped

@@ -70,7 +70,7 @@ def test_a_lost_pod_restores_from_its_peers_copies_bitwise(cluster: Cluster, tmp
         cluster.kill_pod(pod.index)
 
     policy = _policy(cluster, tmp_path / "lost.toml", checkpoints, hang=True)
-    events_path = checkpoints / "lost" / "events.jsonl"
+    events_path = checkpoints / "lost"  # the run directory: both pods' events logs
     for i in range(NODES):
         cluster.start_nvtrain(i, policy, run_id="lost", publish=True)
 

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from netns_pods import Cluster, Pod, policy_toml
 
+from nvtrain.runlog import pod_files
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 RUN_ID = "mn-run"
@@ -39,19 +41,19 @@ def write_policy(tmp_path: Path, cluster: Cluster, **kwargs: Any) -> tuple[Path,
     checkpoints = tmp_path / "checkpoints"
     policy = tmp_path / "policy.toml"
     policy.write_text(policy_toml(job=cluster.job, checkpoint_dir=checkpoints, **kwargs))
-    return policy, checkpoints / RUN_ID / "events.jsonl"
+    return policy, checkpoints / RUN_ID  # the run directory: every pod's events log
 
 
-def read_events(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    """Every pod's events in ``run_dir``, merged in time order; [] when there are none yet."""
     events = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return events
+    for path in pod_files(run_dir):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return sorted(events, key=lambda event: float(event["ts"]))
 
 
 def events_of(events: list[dict[str, Any]], name: str, node: int | None = None) -> list[dict[str, Any]]:

@@ -30,6 +30,7 @@ import pytest
 
 from nvtrain.events import read_events as events_in
 from nvtrain.findings import toml_value
+from nvtrain.runlog import pod_files
 
 BIN = Path(__file__).resolve().parent / "bin"
 LAUNCHER_MODULE = "nvidia_resiliency_ext.fault_tolerance.launcher"
@@ -108,9 +109,12 @@ def make_policy(
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
-    """The events in ``path`` as the log holds them (``Event.as_dict``; a torn last line is
-    skipped); [] when there is no file."""
-    return [event.as_dict() for event in events_in(path)] if path.is_file() else []
+    """The events of the run directory ``path`` (every pod's log, merged in time order) or of
+    the log file ``path``, as the log holds them (``Event.as_dict``; a torn last line is
+    skipped); [] when there is none yet."""
+    files = pod_files(path) if path.is_dir() else [path] if path.is_file() else []
+    events = [event.as_dict() for file in files for event in events_in(file)]
+    return sorted(events, key=lambda event: float(event["ts"]))
 
 
 def processes_with_env(name: str, value: str) -> list[psutil.Process]:

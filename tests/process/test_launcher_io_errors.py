@@ -71,7 +71,7 @@ def test_a_full_events_volume_does_not_stop_the_run(
     )
     tables["checkpoint"]["dir"] = str(volume / "ckpt")
     policy = write_policy(tmp_path, tables)
-    events = volume / "ckpt" / "full-1" / "events.jsonl"
+    events = volume / "ckpt" / "full-1" / "events-node0.jsonl"
 
     run = nvtrain.start("--run-id", "full-1", str(policy))
     run.wait_for_stdout(r"WORKER START rank=\d restart=0", count=2, timeout=90)

@@ -29,7 +29,7 @@ def client_policy(tmp_path: Path, args: list[str], heartbeat: dict[str, Any]) ->
 
 
 def events_of(tmp_path: Path, run_id: str) -> list[dict[str, Any]]:
-    return read_events(tmp_path / "ckpt" / run_id / "events.jsonl")
+    return read_events(tmp_path / "ckpt" / run_id)
 
 
 def hang_time(stdout: str) -> float:

@@ -32,7 +32,7 @@ MONITOR_INTERVAL = 1.0
 
 
 def events_of(tmp_path: Path, run_id: str) -> list[dict]:
-    return read_events(tmp_path / "ckpt" / run_id / "events.jsonl")
+    return read_events(tmp_path / "ckpt" / run_id)
 
 
 def named(events: list[dict], name: str) -> list[dict]:

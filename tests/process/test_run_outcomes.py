@@ -26,7 +26,7 @@ POD0 = "proc-test-0.proc-test.default.svc.cluster.local"
 
 
 def events_of(tmp_path: Path, run_id: str) -> list[dict[str, Any]]:
-    return read_events(tmp_path / "ckpt" / run_id / "events.jsonl")
+    return read_events(tmp_path / "ckpt" / run_id)
 
 
 def test_rendezvous_not_completed_in_time_exits_3(nvtrain: NvtrainRunner, tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ def test_the_root_cause_is_the_rank_that_raised(nvtrain: NvtrainRunner, tmp_path
     run = nvtrain.start(str(policy), env={"NVTRAIN_RUN_ID": f"root-{step}"})
     assert run.wait(timeout=100) == 1, run.describe()
     root = "Root cause (first failure): local rank 1 on pod "  # in the events log and on stderr
-    events = read_events(tmp_path / "ckpt" / f"root-{step}" / "events.jsonl")
+    events = read_events(tmp_path / "ckpt" / f"root-{step}")
     end = events[-1]
     assert end["event"] == "launcher_exit" and end["exit_code"] == 1, events
     assert root in end["cause"], end["cause"]

@@ -37,7 +37,7 @@ def test_sigint_reaches_the_workers_as_sigint(nvtrain: NvtrainRunner, tmp_path: 
     assert code == 130, run.describe()
     assert sorted(p.name for p in markers.glob("saved-*")) == ["saved-0", "saved-1"], run.describe()
     assert processes_with_token(run.token) == [], run.describe()
-    events = read_events(tmp_path / "ckpt" / "sigint-1" / "events.jsonl")
+    events = read_events(tmp_path / "ckpt" / "sigint-1")
     assert [e["signal"] for e in events if e["event"] == "signal"] == ["SIGINT"]
     assert events[-1]["event"] == "launcher_exit" and events[-1]["exit_code"] == 130
     assert "stopped by SIGINT" in events[-1]["cause"]

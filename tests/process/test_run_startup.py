@@ -53,7 +53,7 @@ def test_dns_timeout_is_recorded_in_the_events_log(nvtrain: NvtrainRunner, tmp_p
     policy = _dns_policy(tmp_path)
     run = nvtrain.start(str(policy), env={"JOB_COMPLETION_INDEX": "1", "NVTRAIN_RUN_ID": "dns-2"})
     assert run.wait(timeout=30) == 3, run.describe()
-    events = read_events(tmp_path / "ckpt" / "dns-2" / "events.jsonl")
+    events = read_events(tmp_path / "ckpt" / "dns-2")
     names = [e["event"] for e in events]
     assert "launcher_start" in names, names  # the run is on record from the start...
     assert names[-1] == "launcher_exit", names  # ...so its end must be too

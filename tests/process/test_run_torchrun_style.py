@@ -21,9 +21,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 DDP = str(BIN / "ddp_train.py")
 
 
-def _endpoint(events: Path) -> str:
-    starts = [e for e in read_events(events) if e["event"] == "launcher_start"]
-    assert starts, events
+def _endpoint(run_dir: Path) -> str:
+    starts = [e for e in read_events(run_dir) if e["event"] == "launcher_start"]
+    assert starts, run_dir
     return str(starts[0]["endpoint"])
 
 
@@ -47,8 +47,8 @@ def test_two_one_node_jobs_without_a_port_run_side_by_side(nvtrain: NvtrainRunne
     assert "MET a b" in first.stdout, first.describe()
     assert "MET b a" in second.stdout, second.describe()
     ports = {
-        _endpoint(tmp_path / "ckpt" / "side-a" / "events.jsonl"),
-        _endpoint(nvtrain.tmpdir / "nvtrain" / "side-b" / "events.jsonl"),  # $TMPDIR/nvtrain
+        _endpoint(tmp_path / "ckpt" / "side-a"),
+        _endpoint(nvtrain.tmpdir / "nvtrain" / "side-b"),  # $TMPDIR/nvtrain
     }
     assert len(ports) == 2 and all(p.startswith("127.0.0.1:") for p in ports), ports
     assert "127.0.0.1:29500" not in ports

@@ -197,7 +197,7 @@ def test_timeline_elsewhere(run_dir: Path, tmp_path: Path) -> None:
     ("make", "message"),
     [
         (lambda p: p / "missing", "does not exist"),
-        (lambda p: p, "has no events.jsonl"),
+        (lambda p: p, "has no events log"),
         (lambda p: _write(p / "events.jsonl", ""), "holds no events"),
         (lambda p: _write(p / "events.jsonl", "not json\n{torn"), "holds no events"),
         (lambda p: _write(p / "events.jsonl", '{"event": "step"}\n'), "holds no events with a time stamp"),

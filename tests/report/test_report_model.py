@@ -8,6 +8,7 @@ from report_logs import Log, first_stretch, lost_pod, two_recoveries
 
 from nvtrain.events.records import from_fields
 from nvtrain.report import PHASES, Report, Stats, build_report, report_dict
+from nvtrain.runlog import CAUSES
 
 
 def report_of(log: Log) -> Report:
@@ -159,6 +160,7 @@ def test_failed_attempts_and_a_fault_never_recovered() -> None:
     assert first.phases["rendezvous"] == pytest.approx(38.0 - 30.0)  # the failed attempt included
     assert first.seconds == pytest.approx(16.0)
     assert (last.cause, last.layer, last.recovered, last.seconds) == ("exit 137", "none", False, None)
+    assert (first.cause_kind, last.cause_kind) == ("sigkill", "oom")
     assert last.phases["first_step"] is None and last.restarts == {}
     # Not recovered: the steps after the newest committed checkpoint (20) are lost.
     assert (last.last_step, last.rollback_steps) == (30, 10)
@@ -182,7 +184,7 @@ def test_a_hang_is_detected_by_the_heartbeat_timeout() -> None:
     log.step(106, 21, first=True, pid=2).step(115, 30, pid=2)
     log.at(120, "launcher_exit", node=0, exit_code=0, cause="finished")
     (incident,) = report_of(log).incidents
-    assert (incident.cause, incident.layer) == ("hang (injected)", "in_job")
+    assert (incident.cause, incident.cause_kind, incident.layer) == ("hang (injected)", "hang", "in_job")
     assert incident.phases["detection"] == pytest.approx(61.0)  # the heartbeat timeout
     assert incident.seconds == pytest.approx(77.0)
 
@@ -224,6 +226,7 @@ def test_a_pod_restarted_by_kubernetes() -> None:
     r = report_of(log)
     (incident,) = r.incidents
     assert (incident.cause, incident.layer, incident.restarts) == ("SIGTERM", "pod", {"pod": 1})
+    assert incident.cause_kind == "stop"  # nvtrain run was told to stop: the pod was deleted
     assert incident.phases["detection"] == pytest.approx(31.0)  # until the new pod's launcher started
     assert incident.seconds == pytest.approx(44.0)
     assert r.exit_code == 0 and r.nodes == 1
@@ -235,7 +238,11 @@ def test_a_restart_without_a_logged_fault_has_no_detection_phase() -> None:
     log.at(31, "restart_end", layer="in_process", pid=1, iteration=1)
     log.step(33, 21, first=True, attempt=1)
     (incident,) = report_of(log).incidents
-    assert (incident.cause, incident.fault_logged) == ("no fault logged", False)
+    assert (incident.cause, incident.cause_kind, incident.fault_logged) == (
+        "no fault logged",
+        "unknown",
+        False,
+    )
     assert incident.phases["detection"] is None and incident.phases["teardown"] == pytest.approx(1.0)
     assert incident.seconds == pytest.approx(3.0)
 
@@ -249,6 +256,7 @@ def test_a_log_without_steps_has_no_goodput() -> None:
     assert r.training_goodput is None and r.infrastructure_goodput is None and r.final_step is None
     (incident,) = r.incidents
     assert (incident.cause, incident.recovered, incident.rollback_steps) == ("exit 1", False, None)
+    assert incident.cause_kind == "exit"
     assert any("no `step` events" in note for note in r.notes)
 
 
@@ -307,4 +315,72 @@ def test_a_worker_killed_from_outside_is_the_cause_and_the_in_job_restart_the_la
     )
     log.step(20, 9, first=True, pid=3, attempt=0).step(30, 20, pid=3)
     (incident,) = build_report(log.records(), "events.jsonl").incidents
-    assert (incident.cause, incident.layer) == ("SIGKILL", "in_job")
+    assert (incident.cause, incident.cause_kind, incident.layer) == ("SIGKILL", "sigkill", "in_job")
+
+
+Logged = tuple[float, str, dict[str, object]]
+_IN_JOB: Logged = (30.0, "restart_begin", {"layer": "in_job", "node": 0, "attempts_left": 2})
+
+
+def _injected(kind: str) -> list[Logged]:
+    return [(29.0, "fault_injected", {"kind": kind, "pid": 1, "step": 25})]
+
+
+def _in_process(cause: str) -> list[Logged]:
+    return [(29.0, "restart_begin", {"layer": "in_process", "pid": 1, "iteration": 0, "cause": cause})]
+
+
+def _failed(**fields: object) -> list[Logged]:
+    return [(29.0, "worker_failed", {"node": 0, "signal": None, **fields}), _IN_JOB]
+
+
+@pytest.mark.parametrize(
+    ("events", "kind", "words"),
+    [
+        (_injected("collective_hang"), "hang", "collective_hang (injected)"),
+        (_injected("collective_sigkill"), "sigkill", "collective_sigkill (injected)"),
+        (_injected("sigterm"), "sigterm", "sigterm (injected)"),
+        (_injected("oom"), "oom", "oom (injected)"),
+        (_in_process("exception (ValueError)"), "exception", "exception (ValueError)"),
+        (_in_process("peer soft timeout"), "hang", "peer soft timeout"),
+        (_in_process("hard timeout"), "hang", "hard timeout"),
+        (_in_process("peer terminated"), "signal", "peer terminated"),
+        (_in_process("in-process restart"), "unknown", "in-process restart"),
+        (_failed(exit_code=-11, signal="SIGSEGV"), "signal", "SIGSEGV"),
+        (_failed(exit_code=1, raised="RuntimeError: x"), "exception", "exit 1"),
+        (
+            [(29.0, "launcher_exit", {"node": 1, "exit_code": 3}), _IN_JOB],
+            "launcher_failed",
+            "launcher exit 3",
+        ),
+        ([(29.0, "relaunch", {"node": 1, "layer": "launcher", "attempt": 1})], "lost_node", "launcher lost"),
+    ],
+)
+def test_each_cause_is_one_of_a_fixed_set(events: list[Logged], kind: str, words: str) -> None:
+    """``first_stretch``, then ``events`` (a fault and its restart), then a first step."""
+    log = first_stretch(Log())
+    for t, name, fields in events:
+        log.at(t, name, **fields)
+    log.step(40, 21, first=True, pid=9).at(41, "launcher_exit", node=0, exit_code=0)
+    (incident,) = report_of(log).incidents
+    assert (incident.cause_kind, incident.cause) == (kind, words)
+    assert incident.cause_kind in CAUSES
+
+
+def test_a_restart_in_progress_has_not_failed_yet() -> None:
+    """The newest restart of a recovery that goes on may still succeed: it counts as failed once
+    another restart follows it, or once the run ends without a step after it."""
+    log = first_stretch(Log())
+    log.at(29.5, "worker_failed", node=0, local_rank=0, exit_code=1, signal=None, step=20)
+    log.at(30, "restart_begin", layer="in_job", node=0, attempts_left=2)
+    assert report_of(log).failed_attempts == 0
+    log.at(36, "worker_failed", node=0, local_rank=0, exit_code=1, signal=None, step=20)
+    log.at(37, "restart_begin", layer="in_job", node=0, attempts_left=1)
+    assert report_of(log).failed_attempts == 1
+    recovered, ended = Log(), Log()
+    recovered.events = [*log.events]
+    ended.events = [*log.events]
+    recovered.step(45, 21, first=True, pid=3).at(50, "launcher_exit", node=0, exit_code=0)
+    ended.at(50, "launcher_exit", node=0, exit_code=1, cause="restart budget spent")
+    assert report_of(recovered).failed_attempts == 1  # the second restart reached a step
+    assert report_of(ended).failed_attempts == 2  # neither did

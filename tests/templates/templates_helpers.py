@@ -10,6 +10,7 @@ from typing import Any
 
 import jsonschema
 import yaml
+from crd_schemas import SCHEMAS, crd_errors
 from kubernetes_validate import utils as kv
 
 from nvtrain.config import Policy, validate_source
@@ -148,6 +149,7 @@ JOBSET_SCHEMA: dict[str, Any] = {
                         "publishNotReadyAddresses": {"type": "boolean"},
                     },
                 },
+                "ttlSecondsAfterFinished": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
                 "failurePolicy": {
                     "type": "object",
                     "additionalProperties": False,
@@ -231,9 +233,12 @@ def jobset_errors(obj: dict[str, Any], version: str) -> list[str]:
 
 
 def object_errors(obj: dict[str, Any], version: str) -> list[str]:
-    """Problems of any rendered object: the JobSet as above, the others by kubernetes-validate."""
+    """Problems of any rendered object: the JobSet as above, the PodMonitor and PodGroup against
+    ``crd_schemas``, the others by kubernetes-validate."""
     if obj["kind"] == "JobSet":
         return jobset_errors(obj, version)
+    if obj["kind"] in SCHEMAS:
+        return crd_errors(obj)
     problem = schema_errors(obj, version)
     return [problem] if problem else []
 

@@ -105,7 +105,7 @@ def test_jobset_flag(tmp_path: Path) -> None:
     assert "--jobset needs [job] name" in refused.stderr
 
 
-def test_control_store_lists_the_control_job_and_refuses_jobset(tmp_path: Path) -> None:
+def test_control_store_lists_the_control_job_and_puts_it_into_the_jobset(tmp_path: Path) -> None:
     policy = str(write(tmp_path, CONTROL))
     out = tmp_path / "job.yaml"
     result = runner.invoke(app, ["manifest", policy, "-o", str(out)])
@@ -114,12 +114,10 @@ def test_control_store_lists_the_control_job_and_refuses_jobset(tmp_path: Path) 
     names = [o["metadata"]["name"] for o in load_all(out.read_text(encoding="utf-8")) if o["kind"] == "Job"]
     assert names == ["llm-train-control", "llm-train"]
     text = with_control_store(starter_text("policy.toml").replace('"my-training"', '"my-training-workers-0"'))
-    refused = runner.invoke(app, ["manifest", str(write(tmp_path, text)), "--jobset"])
-    assert refused.exit_code == 2
-    assert refused.stdout == ""
-    assert '--jobset cannot be used with [rendezvous] store = "control"' in refused.stderr
-    assert 'store = "pod0"' in refused.stderr and "fix:" in refused.stderr
-    assert "Traceback" not in refused.output
+    jobset = runner.invoke(app, ["manifest", str(write(tmp_path, text)), "--jobset"])
+    assert jobset.exit_code == 0, jobset.output
+    [only] = [o for o in load_all(jobset.stdout) if o["kind"] == "JobSet"]
+    assert [r["name"] for r in only["spec"]["replicatedJobs"]] == ["workers", "control"]
 
 
 def test_invalid_policy_shows_every_finding_and_exits_2(tmp_path: Path) -> None:

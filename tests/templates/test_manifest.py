@@ -225,18 +225,23 @@ def test_grace_period_is_stop_timeout_plus_margin(stop: str, grace: int) -> None
 def test_gpus_follow_nproc_per_node() -> None:
     starter = starter_text("policy.toml")  # nproc_per_node = 8, backend = "auto"
     resources = container(objects_of(starter))["resources"]
-    assert resources == {"requests": {"nvidia.com/gpu": 8}, "limits": {"nvidia.com/gpu": 8}}
+    # CPU and memory by default too (tests/templates/test_manifest_platform.py), sized for 8 ranks.
+    assert resources == {
+        "requests": {"nvidia.com/gpu": 8, "cpu": "16", "memory": "144Gi"},
+        "limits": {"nvidia.com/gpu": 8, "memory": "144Gi"},
+    }
     assert pod_spec(objects_of(starter))["tolerations"] == [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     ]
     gloo = set_keys(starter, {("job", "backend"): '"gloo"', ("job", "collective_timeout"): '"45s"'})
-    assert "resources" not in container(objects_of(gloo))
+    assert "nvidia.com/gpu" not in container(objects_of(gloo))["resources"]["limits"]
     assert "tolerations" not in pod_spec(objects_of(gloo))
     on_gpus = set_keys(starter, {("job", "nproc_per_node"): '"gpu"'})
     with pytest.raises(UsageError, match='nproc_per_node = "gpu"'):
         objects_of(on_gpus)
     assert container(objects_of(on_gpus, ManifestOptions(gpus_per_node=4)))["resources"]["limits"] == {
-        "nvidia.com/gpu": 4
+        "nvidia.com/gpu": 4,
+        "memory": "80Gi",  # 16Gi x 4 ranks + 16Gi of /dev/shm
     }
     with pytest.raises(UsageError, match="disagrees with"):
         objects_of(starter, ManifestOptions(gpus_per_node=4))
@@ -432,7 +437,8 @@ def test_notes_say_that_the_host_copies_are_not_sized() -> None:
         "(per rank 2 slots of its own); /dev/shm is sized 8Gi (--shm-size) without them: "
         "pass --state-per-rank QUANTITY (one rank's model + optimizer state) to size it"
     )
-    [cpu] = notes(policy_of(CPU_RANKS), ManifestOptions())  # the starter: 2 pods, peer copy on
+    # The starter: 2 pods, peer copy on (--cpu and --memory: no note that the ranks are unknown).
+    [cpu] = notes(policy_of(CPU_RANKS), ManifestOptions(cpu="8", memory="64Gi"))
     assert "3 × state per rank, each rank of a pod" in cpu
     assert "(per rank 2 slots of its own + 1 peer copy of the same local rank on the previous pod)" in cpu
     for text in (EIGHT, OWN_DIR):
@@ -729,22 +735,6 @@ def test_only_a_store_to_move_gets_a_control_job() -> None:
         CONTROL.replace("nodes = 4", "nodes = 1"),
     ):
         assert [o["kind"] for o in objects_of(text)] == kinds, text
-
-
-def test_jobset_with_the_control_store_is_a_usage_error() -> None:
-    text = with_control_store(starter_named("llm-workers-0"))
-    with pytest.raises(UsageError) as caught:
-        objects_of(text, ManifestOptions(jobset=True))
-    error = caught.value
-    assert error.exit_code == 2
-    assert '--jobset cannot be used with [rendezvous] store = "control"' in str(error)
-    assert "llm-workers-0-control" in str(error) and "DNS name" in str(error)
-    assert error.fix == 'render the plain Job (leave out --jobset), or set store = "pod0" in [rendezvous]'
-    assert [o["kind"] for o in objects_of(text)][-2:] == ["Job", "Job"]  # the plain Job renders
-    # One node: there is no control pod, so JobSet is fine.
-    one = text.replace("nodes = 2", "nodes = 1")
-    assert one != text
-    assert by_kind(objects_of(one, ManifestOptions(jobset=True)), "JobSet")
 
 
 # -- golden files ------------------------------------------------------------------------------

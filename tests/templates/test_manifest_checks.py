@@ -385,10 +385,6 @@ def drop_host(job: dict[str, Any]) -> None:
     del job["spec"]["template"]["spec"]["hostname"]
 
 
-def move_subdomain(job: dict[str, Any]) -> None:
-    job["spec"]["template"]["spec"]["subdomain"] = "elsewhere"
-
-
 def drop_instance_label(job: dict[str, Any]) -> None:
     del job["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/instance"]
 
@@ -406,7 +402,6 @@ def move_port(job: dict[str, Any]) -> None:
     [
         (rename_host, f"{CONTROL_POD}.hostname", '"llm-train-store"', "differs from the policy"),
         (drop_host, f"{CONTROL_POD}.hostname", None, "is not set"),
-        (move_subdomain, f"{CONTROL_POD}.subdomain", '"elsewhere"', "from [rendezvous] service"),
         (
             drop_instance_label,
             'spec.template.metadata.labels["app.kubernetes.io/instance"]',
@@ -421,7 +416,7 @@ def move_port(job: dict[str, Any]) -> None:
         ),
         (move_port, f"{CONTROL_POD}.containers[0].ports[0].containerPort", "29600", "[rendezvous] port"),
     ],
-    ids=["hostname", "no-hostname", "subdomain", "labels", "command", "port"],
+    ids=["hostname", "no-hostname", "labels", "command", "port"],
 )
 def test_a_broken_control_job_gives_its_finding(
     tmp_path: Path, change: Any, key: str, value: str | None, rule: str
@@ -492,18 +487,6 @@ def test_the_training_job_is_still_the_workload_beside_a_control_job(tmp_path: P
     assert [(f["table"], f["key"], f["value"]) for f in found] == [("Job llm-train", "spec.parallelism", "3")]
 
 
-def test_a_jobset_for_the_control_store_warns(tmp_path: Path) -> None:
-    text = starter_named("llm-workers-0")
-    policy, manifest = files(tmp_path, text, jobset=True)
-    policy.write_text(with_control_store(text), encoding="utf-8")
-    found = manifest_findings(as_json(str(policy), "--manifest", str(manifest)), manifest)
-    [jobset] = [f for f in found if f["table"] == "JobSet llm"]
-    assert (jobset["code"], jobset["key"], jobset["value"]) == ("manifest-mismatch", "kind", '"JobSet"')
-    assert "llm-workers-0-control" in jobset["rule"] and "would never resolve" in jobset["rule"]
-    assert "without --jobset" in jobset["fix"] and 'store = "pod0"' in jobset["fix"]
-    assert not [f for f in found if "has no control Job" in f["rule"]]
-
-
 def test_without_a_valid_policy_the_control_job_is_not_the_workload(tmp_path: Path) -> None:
     """An invalid policy leaves only the timing check, which applies to the training pods: the
     control pod (here with Kubernetes' default 30 s) writes no checkpoint."""
@@ -525,3 +508,186 @@ def test_without_a_valid_policy_the_control_job_is_not_the_workload(tmp_path: Pa
     )
     assert found["code"] == "manifest-no-job"
     assert "holds no Job or JobSet of training pods" in found["rule"]
+
+
+# -- [rendezvous] store = "control" in a JobSet: the replicated job "control" -----------------
+
+JOBSET_CONTROL_POLICY = with_control_store(JOBSET_POLICY)
+CONTROL_RJ = "spec.replicatedJobs[1]"
+CONTROL_RJ_POD = f"{CONTROL_RJ}.template.spec.template.spec"
+
+
+def edit_replicated(manifest: Path, name: str, change: Any) -> None:
+    """Apply ``change`` to the Job template of the JobSet's replicated job ``name`` (shaped as a
+    Job: ``metadata`` and ``spec``) and write the file back."""
+    docs = list(yaml.safe_load_all(manifest.read_text(encoding="utf-8")))
+    [jobset] = [d for d in docs if d["kind"] == "JobSet"]
+    [replicated] = [r for r in jobset["spec"]["replicatedJobs"] if r["name"] == name]
+    change(replicated["template"])
+    manifest.write_text(yaml.safe_dump_all(docs, sort_keys=False), encoding="utf-8")
+
+
+def test_a_fresh_jobset_with_the_control_store_has_no_findings(tmp_path: Path) -> None:
+    """The replicated job "control" has one pod (not one per node), a hostname of its own (not
+    <jobset>-control-0-0) and no checkpoint to write: none of the training pods' checks apply."""
+    policy, manifest = files(tmp_path, JOBSET_CONTROL_POLICY, jobset=True)
+    [jobset] = [d for d in yaml.safe_load_all(manifest.read_text()) if d["kind"] == "JobSet"]
+    assert [r["name"] for r in jobset["spec"]["replicatedJobs"]] == ["workers", "control"]
+    # Its grace period is not compared with the write: Kubernetes' 30 s is short of 30 s + 30 s.
+    edit_replicated(
+        manifest, "control", lambda job: job["spec"]["template"]["spec"].pop(GRACE.rsplit(".", 1)[1])
+    )
+    measured = str(timings(tmp_path, "30s"))
+    for args in ([str(policy)], []):  # the policy file, or the one in the manifest's ConfigMap
+        result = validate(*args, "--manifest", str(manifest), "--timings", measured, "--strict")
+        assert result.exit_code == 0, result.output
+        data = as_json(*args, "--manifest", str(manifest), "--timings", measured)
+        assert manifest_findings(data, manifest) == []
+    text = JOBSET_CONTROL_POLICY
+    options = ManifestOptions(
+        jobset=True, efa=4, gpus_per_node=8, node_selector={"gpu": "h200"}, labels={"team": "ml"}
+    )
+    path = tmp_path / "p5.yaml"
+    path.write_text(dump(render(policy_of(text), text, options)), encoding="utf-8")
+    assert check_manifest(path, policy_of(text), policy_text=text) == []
+
+
+def drop_command(job: dict[str, Any]) -> None:
+    del job["spec"]["template"]["spec"]["containers"][0]["command"]
+
+
+def move_subdomain(job: dict[str, Any]) -> None:
+    job["spec"]["template"]["spec"]["subdomain"] = "elsewhere"
+
+
+def drop_completion_mode(job: dict[str, Any]) -> None:
+    del job["spec"]["completionMode"]
+
+
+@pytest.mark.parametrize(
+    ("change", "key", "value", "rule"),
+    [
+        (rename_host, f"{CONTROL_RJ_POD}.hostname", '"llm-train-store"', "differs from the policy"),
+        (drop_host, f"{CONTROL_RJ_POD}.hostname", None, "is not set"),
+        (move_subdomain, f"{CONTROL_RJ_POD}.subdomain", '"elsewhere"', "from [rendezvous] service"),
+        (
+            drop_instance_label,
+            f'{CONTROL_RJ}.template.spec.template.metadata.labels["app.kubernetes.io/instance"]',
+            None,
+            "the NetworkPolicy covers",
+        ),
+        (
+            run_training,
+            f"{CONTROL_RJ_POD}.containers[0].command",
+            '["nvtrain", "run", "/etc/nvtrain/policy.toml"]',
+            "is not `nvtrain control ...`",
+        ),
+        (drop_command, f"{CONTROL_RJ_POD}.containers[0].command", None, "is not `nvtrain control ...`"),
+        (
+            move_port,
+            f"{CONTROL_RJ_POD}.containers[0].ports[0].containerPort",
+            "29600",
+            "[rendezvous] port",
+        ),
+        (
+            drop_completion_mode,
+            f"{CONTROL_RJ}.template.spec.completionMode",
+            None,
+            "JobSet makes a replicated job Indexed",
+        ),
+    ],
+    ids=["hostname", "no-hostname", "subdomain", "labels", "command", "no-command", "port", "indexed"],
+)
+def test_a_broken_control_replicated_job_gives_its_finding(
+    tmp_path: Path, change: Any, key: str, value: str | None, rule: str
+) -> None:
+    policy, manifest = files(tmp_path, JOBSET_CONTROL_POLICY, jobset=True)
+    edit_replicated(manifest, "control", change)
+    [found] = manifest_findings(as_json(str(policy), "--manifest", str(manifest)), manifest)
+    assert (found["severity"], found["code"], found["table"], found["key"]) == (
+        "warning",
+        "manifest-mismatch",
+        "JobSet llm",
+        key,
+    )
+    assert found["value"] == value
+    assert rule in found["rule"]
+    if "hostname" in key or "command" in key or "completionMode" in key:
+        assert "llm-workers-0-control.llm-workers-0.default.svc.cluster.local" in found["rule"]
+    assert f"nvtrain manifest {policy} --jobset -o {manifest}" in found["fix"]
+    line = manifest.read_text(encoding="utf-8").splitlines()[found["line"] - 1].strip()
+    leaf = key.rsplit(".", 1)[-1].split("[")[0]
+    if value is not None:  # a key that is gone is shown where its parent is
+        assert line.startswith((leaf, "- " + leaf)), line
+    assert validate(str(policy), "--manifest", str(manifest), "--strict").exit_code == 1
+
+
+def test_the_training_replicated_job_keeps_its_checks_beside_the_control_one(tmp_path: Path) -> None:
+    policy, manifest = files(tmp_path, JOBSET_CONTROL_POLICY, jobset=True)
+    edit_replicated(manifest, "workers", lambda job: job["spec"].update(parallelism=3))
+    # A renamed control replicated job is still told apart by its command, with one replica.
+    edit_replicated(manifest, "control", lambda job: job["spec"].update(completions=1))
+
+    def rename_control(doc: dict[str, Any]) -> None:
+        doc["spec"]["replicatedJobs"][1].update(name="store", replicas=2)
+
+    edit(manifest, rename_control)
+    found = manifest_findings(as_json(str(policy), "--manifest", str(manifest)), manifest)
+    assert [(f["key"], f["value"]) for f in found] == [
+        ("spec.replicatedJobs[0].template.spec.parallelism", "3"),
+        (f"{CONTROL_RJ}.replicas", "2"),
+    ]
+    assert "llm-workers-0-control" in found[1]["rule"]
+
+
+def test_a_jobset_without_its_control_replicated_job_warns(tmp_path: Path) -> None:
+    policy, manifest = files(tmp_path, JOBSET_POLICY, jobset=True)
+    policy.write_text(JOBSET_CONTROL_POLICY, encoding="utf-8")
+    found = manifest_findings(as_json(str(policy), "--manifest", str(manifest)), manifest)
+    [jobset] = [f for f in found if f["table"] == "JobSet llm"]
+    assert (jobset["code"], jobset["key"], jobset["value"]) == (
+        "manifest-mismatch",
+        "spec.replicatedJobs",
+        None,
+    )
+    assert "has no replicated job 'control'" in jobset["rule"]
+    assert "llm-workers-0-control.llm-workers-0.default.svc.cluster.local" in jobset["rule"]
+    assert f"nvtrain manifest {policy} --jobset -o {manifest}" in jobset["fix"]
+    assert not [f for f in found if "has no control Job" in f["rule"]]
+
+
+def test_a_control_replicated_job_with_store_pod0_warns(tmp_path: Path) -> None:
+    policy, manifest = files(tmp_path, JOBSET_CONTROL_POLICY, jobset=True)
+    policy.write_text(JOBSET_POLICY, encoding="utf-8")  # back to store = "pod0"
+    found = manifest_findings(as_json(str(policy), "--manifest", str(manifest)), manifest)
+    [control] = [f for f in found if f["table"] == "JobSet llm"]
+    assert (control["code"], control["key"], control["value"]) == (
+        "manifest-mismatch",
+        f"{CONTROL_RJ}.name",
+        '"control"',
+    )
+    assert "is a control replicated job" in control["rule"] and 'store = "pod0"' in control["rule"]
+    assert "delete this replicated job from the JobSet" in control["fix"]
+
+
+def test_a_jobset_of_only_the_control_pod_is_an_error(tmp_path: Path) -> None:
+    policy, manifest = files(tmp_path, JOBSET_CONTROL_POLICY, jobset=True)
+    edit(manifest, lambda doc: doc["spec"]["replicatedJobs"].pop(0))
+    found = manifest_findings(as_json(str(policy), "--manifest", str(manifest)), manifest)
+    assert [(f["severity"], f["code"], f["key"]) for f in found] == [
+        ("error", "manifest-shape", "spec.replicatedJobs")
+    ]
+    assert "no replicated job of training pods" in found[0]["rule"]
+
+
+def make_indexed(job: dict[str, Any]) -> None:
+    job["spec"]["completionMode"] = "Indexed"
+
+
+def test_an_indexed_control_job_warns(tmp_path: Path) -> None:
+    """The Job controller names an Indexed Job's pod <Job>-<index>: not the control pod's name."""
+    policy, manifest = files(tmp_path, CONTROL_POLICY)
+    edit_job(manifest, "llm-train-control", make_indexed)
+    [found] = manifest_findings(as_json(str(policy), "--manifest", str(manifest)), manifest)
+    assert (found["table"], found["key"], found["value"]) == (CONTROL_JOB, "spec.completionMode", '"Indexed"')
+    assert "llm-train-control.llm-train.default.svc.cluster.local" in found["rule"]

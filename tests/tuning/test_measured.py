@@ -12,7 +12,7 @@ import pytest
 from nvtrain.config.timings import Timings, read_timings
 from nvtrain.errors import UsageError
 from nvtrain.events.records import Event, from_fields
-from nvtrain.runlog import events_file
+from nvtrain.runlog import log_files
 from nvtrain.tuning.advise import Request, Tuned, tune_interval
 from nvtrain.tuning.measured import OriginLoads, measure_events, read_measured
 
@@ -148,10 +148,10 @@ def test_missing_data_names_the_file_and_what_is_missing(tmp_path: Path) -> None
 
 
 def test_unusable_paths(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match="has no events.jsonl"):
-        events_file(tmp_path)
+    with pytest.raises(UsageError, match="has no events log"):
+        log_files(tmp_path)
     with pytest.raises(UsageError, match="does not exist"):
-        events_file(tmp_path / "nope.jsonl")
+        log_files(tmp_path / "nope.jsonl")
     (tmp_path / "events.jsonl").write_text("not json\n{also not\n", encoding="utf-8")
     with pytest.raises(UsageError, match="holds no events"):
         read_measured(tmp_path)

@@ -91,7 +91,7 @@ def test_tune_interval_from_a_real_cpu_run(tmp_path: Path) -> None:
     run_id = f"tune-{uuid.uuid4().hex[:8]}"
     run_demo(policy, run_id)
     run_dir = tmp_path / "ckpt" / run_id
-    assert (run_dir / "events.jsonl").is_file()
+    assert (run_dir / "events-node0.jsonl").is_file()
 
     runner = CliRunner()
     args = ["tune-interval", "--from-run", str(run_dir), "--mtbf", "6h", "--policy", str(policy)]

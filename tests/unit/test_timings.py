@@ -463,20 +463,22 @@ def test_timings_from_the_demo_runs_events_log(tmp_path: Path) -> None:
 
 
 def test_events_logs_that_cannot_be_used(tmp_path: Path) -> None:
-    fix = (
-        "give a run directory (<checkpoint dir>/<run id>) or the events.jsonl that `nvtrain run` wrote in it"
-    )
+    fix = "give a run directory (<checkpoint dir>/<run id>) or one of the events-node<N>.jsonl files in it"
     empty_dir = tmp_path / "empty-run"
     empty_dir.mkdir()
     missing = tmp_path / "missing.jsonl"
     blank = write(tmp_path, "blank.jsonl", "not json\n")
-    for path, rule in (
-        (empty_dir, "has no events.jsonl"),
-        (missing, "file not found"),
-        (blank, "holds no events"),
+    skipped = (
+        "holds no events with a time stamp and a name (1 line skipped: an event is a JSON object with a "
+        "finite number `ts`, a string `event` and numbers in its numeric fields)"
+    )
+    for path, rule, how in (
+        (empty_dir, "has no events log (events-node<N>.jsonl)", fix),
+        (missing, "does not exist", fix),
+        (blank, skipped, "give the run directory that `nvtrain run` wrote (<checkpoint dir>/<run id>)"),
     ):
         assert findings_with(path, with_fix=True) == [
-            ("error", "unreadable", "(top level)", str(path), rule, fix)
+            ("error", "unreadable", "(top level)", str(path), rule, how)
         ]
     no_steps = write(tmp_path, "nosteps.jsonl", json.dumps({"ts": 1.0, "event": "launcher_start"}) + "\n")
     assert findings_with(no_steps, with_fix=True) == [

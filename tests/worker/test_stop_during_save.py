@@ -53,7 +53,7 @@ def test_sigterm_during_an_async_write_commits_it_then_exits_143(tmp_path: Path)
     policy = write_policy(tmp_path / "stop.toml", tables)
     token = uuid.uuid4().hex
     run_id = "stop-during-save"
-    events_path = checkpoints / run_id / "events.jsonl"
+    events_path = checkpoints / run_id  # the run directory: every pod's events log
     proc = start_nvtrain(policy, run_id, tmp_path, tmp_path / "out.txt", token)
     try:
         deadline = time.monotonic() + 150

@@ -26,6 +26,7 @@ import psutil
 
 from nvtrain.events import read_events as events_in
 from nvtrain.findings import toml_value
+from nvtrain.runlog import pod_files
 
 BIN = Path(__file__).resolve().parent / "bin"
 TOKEN_VAR = "NVT_WORKER_TEST_TOKEN"
@@ -137,7 +138,7 @@ class RunResult:
 
     @property
     def events(self) -> list[dict[str, Any]]:
-        return read_events(self.run_dir / "events.jsonl")
+        return read_events(self.run_dir)
 
     def fingerprints(self) -> dict[int, str]:
         """Rank -> fingerprint; a rank printing two different ones is a failure."""
@@ -158,8 +159,11 @@ class RunResult:
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
-    """The events in ``path`` (a torn last line is skipped); [] when there is no file."""
-    return [e.as_dict() for e in events_in(path)] if path.is_file() else []
+    """The events of the run directory ``path`` (every pod's log, merged in time order) or of
+    the log file ``path`` (a torn last line is skipped); [] when there is none yet."""
+    files = pod_files(path) if path.is_dir() else [path] if path.is_file() else []
+    events = [e.as_dict() for file in files for e in events_in(file)]
+    return sorted(events, key=lambda e: float(e["ts"]))
 
 
 def start_nvtrain(

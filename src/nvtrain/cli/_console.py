@@ -287,17 +287,18 @@ def print_tuning(result: Tuned) -> None:
 # -- init and manifest ------------------------------------------------------------------------
 
 
-def print_init(directory: str, written: Sequence[str]) -> None:
-    """The files ``nvtrain init`` wrote, then the steps from there to a running job."""
+def print_init(directory: str, written: Sequence[str], nvrx: str) -> None:
+    """The files ``nvtrain init`` wrote, then the steps from there to a running job; ``nvrx``
+    is the NVRx version the written Dockerfile installs."""
     for path in written:
         out.print(f"wrote {escape(path)}", soft_wrap=True)
     policy = escape(written[0]) if written else "policy.toml"
     out.print("next:")
     steps = [
         f"edit {policy}: name, nodes, nproc_per_node, checkpoint dir",
-        f"nvtrain validate {policy}",
+        f"nvtrain validate {policy} --nvrx {escape(nvrx)}",
         f"docker build -t IMAGE {escape(directory)} && docker push IMAGE",
-        f"nvtrain manifest {policy} --image IMAGE -o job.yaml",
+        f"nvtrain manifest {policy} --image IMAGE --nvrx {escape(nvrx)} -o job.yaml",
         "kubectl apply -f job.yaml",
     ]
     for number, step in enumerate(steps, 1):

@@ -30,6 +30,7 @@ def command(
     from nvtrain.config.validation import load_policy
     from nvtrain.errors import UsageError
     from nvtrain.launcher.control import build_control_plan, run_control
+    from nvtrain.launcher.identity import pod_names
     from nvtrain.nvrx import installed_nvrx
 
     loaded = load_policy(policy)
@@ -40,7 +41,8 @@ def command(
             "run `nvtrain control` in the training image (NVRx 0.6 or later)",
         )
     address = os.environ.get("POD_IP", "").strip() or None
-    plan = build_control_plan(loaded, version, python=sys.executable, address=address)
+    names = pod_names(loaded)
+    plan = build_control_plan(loaded, version, python=sys.executable, address=address, names=names)
     if dry_run:
         typer.echo(json.dumps(plan.to_dict(), indent=2))
         return

@@ -23,7 +23,7 @@ def command(
     Refuses to overwrite existing files unless --force (exit 2).
     """
     from nvtrain.cli import _console
-    from nvtrain.templates.init import init_project
+    from nvtrain.templates.init import init_project, starter_nvrx_version
 
     written = init_project(directory, force=force)
-    _console.print_init(str(directory), [str(p) for p in written])
+    _console.print_init(str(directory), [str(p) for p in written], starter_nvrx_version())

@@ -11,6 +11,7 @@ from nvtrain.cli._errors import exit_on_error
 from nvtrain.errors import UsageError
 
 _POD = "Pod"
+_PLATFORM = "Scheduling and security"
 
 
 def _pairs(flag: str, items: list[str] | None) -> dict[str, str]:
@@ -41,6 +42,15 @@ def command(
         str | None,
         typer.Option("--image", metavar="IMAGE", help="Training image (default: <job name>:latest)."),
     ] = None,
+    nvrx: Annotated[
+        str | None,
+        typer.Option(
+            "--nvrx",
+            metavar="VERSION",
+            help="NVRx version in the image (its Dockerfile's NVRX_VERSION): the policy is checked "
+            "against it, and the pods record it for `nvtrain validate --manifest`.",
+        ),
+    ] = None,
     output: Annotated[
         Path | None, typer.Option("--output", "-o", metavar="FILE", help="Write to FILE instead of stdout.")
     ] = None,
@@ -66,12 +76,29 @@ def command(
         ),
     ] = None,
     cpu: Annotated[
-        str | None, typer.Option("--cpu", metavar="QUANTITY", help="CPU request.", rich_help_panel=_POD)
+        str | None,
+        typer.Option(
+            "--cpu", metavar="QUANTITY", help="CPU request (default: 2 per rank).", rich_help_panel=_POD
+        ),
     ] = None,
     memory: Annotated[
         str | None,
-        typer.Option("--memory", metavar="QUANTITY", help="Memory request and limit.", rich_help_panel=_POD),
+        typer.Option(
+            "--memory",
+            metavar="QUANTITY",
+            help="Memory request and limit (default: 16Gi per rank + /dev/shm + host copies).",
+            rich_help_panel=_POD,
+        ),
     ] = None,
+    qos: Annotated[
+        str,
+        typer.Option(
+            "--qos",
+            metavar="CLASS",
+            help="burstable (no CPU limit) or guaranteed (every limit equal to its request).",
+            rich_help_panel=_POD,
+        ),
+    ] = "burstable",
     shm_size: Annotated[
         str,
         typer.Option(
@@ -119,6 +146,92 @@ def command(
         list[str] | None,
         typer.Option("--label", metavar="KEY=VALUE", help="Extra label on every object (repeatable)."),
     ] = None,
+    annotation: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--annotation",
+            metavar="KEY=VALUE",
+            help="Extra annotation on every pod (repeatable).",
+            rich_help_panel=_PLATFORM,
+        ),
+    ] = None,
+    toleration: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--toleration",
+            metavar="KEY[=VALUE]:EFFECT",
+            help="Toleration of every pod, e.g. dedicated=ml:NoSchedule (repeatable).",
+            rich_help_panel=_PLATFORM,
+        ),
+    ] = None,
+    priority_class: Annotated[
+        str | None,
+        typer.Option(
+            "--priority-class", metavar="NAME", help="PriorityClass of the pods.", rich_help_panel=_PLATFORM
+        ),
+    ] = None,
+    scheduler_name: Annotated[
+        str | None,
+        typer.Option(
+            "--scheduler-name",
+            metavar="NAME",
+            help="Scheduler of the pods; volcano also renders a PodGroup of every pod.",
+            rich_help_panel=_PLATFORM,
+        ),
+    ] = None,
+    queue: Annotated[
+        str | None,
+        typer.Option(
+            "--queue",
+            metavar="NAME",
+            help="Kueue LocalQueue (or, with --scheduler-name volcano, Volcano queue).",
+            rich_help_panel=_PLATFORM,
+        ),
+    ] = None,
+    service_account: Annotated[
+        str | None,
+        typer.Option(
+            "--service-account",
+            metavar="NAME",
+            help="ServiceAccount of the pods (its API token stays unmounted).",
+            rich_help_panel=_PLATFORM,
+        ),
+    ] = None,
+    pod_security: Annotated[
+        str | None,
+        typer.Option(
+            "--pod-security",
+            metavar="LEVEL",
+            help="Pod Security Standards level the pods pass: baseline or restricted.",
+            rich_help_panel=_PLATFORM,
+        ),
+    ] = None,
+    run_as_user: Annotated[
+        int | None,
+        typer.Option(
+            "--run-as-user",
+            metavar="UID",
+            help="User and group of the pods (default with --pod-security restricted: 1000).",
+            rich_help_panel=_PLATFORM,
+        ),
+    ] = None,
+    ttl: Annotated[
+        int | None,
+        typer.Option(
+            "--ttl",
+            metavar="SECONDS",
+            help="Delete the finished Jobs (or JobSet) after SECONDS (ttlSecondsAfterFinished).",
+            rich_help_panel=_PLATFORM,
+        ),
+    ] = None,
+    pod_monitor: Annotated[
+        bool,
+        typer.Option(
+            "--pod-monitor",
+            help="Also render a Prometheus Operator PodMonitor (needs [metrics] enabled).",
+            rich_help_panel=_PLATFORM,
+        ),
+    ] = False,
     backoff_limit: Annotated[
         int,
         typer.Option("--backoff-limit", metavar="N", help="Pod failures retried (never exit 2 or 4)."),
@@ -129,7 +242,8 @@ def command(
 ) -> None:
     """Render the Kubernetes objects of POLICY as YAML: ConfigMap (the policy), headless Service,
     NetworkPolicy and an Indexed Job that runs `nvtrain run` on every node; with
-    `[rendezvous] store = "control"` also a Job `<job>-control` that runs `nvtrain control`.
+    `[rendezvous] store = "control"` also a Job `<job>-control` that runs `nvtrain control`
+    (with --jobset, a replicated Job of the JobSet); a PodMonitor and a Volcano PodGroup on request.
 
     Names, namespace, nodes, port, grace period and checkpoint mount come from the policy.
     Exit 2 on an invalid policy or options.
@@ -142,6 +256,7 @@ def command(
         refuse_overwrite("--output", output, {"the policy file": policy})
     options = ManifestOptions(
         image=image,
+        nvrx_version=nvrx,
         gpus_per_node=gpus,
         efa=efa,
         resources=_counts("--resource", resource),
@@ -155,6 +270,17 @@ def command(
         labels=_pairs("--label", label),
         env=_pairs("--env", env),
         node_selector=_pairs("--node-selector", node_selector),
+        qos=qos,
+        pod_security=pod_security,
+        run_as_user=run_as_user,
+        tolerations=tuple(toleration or ()),
+        priority_class=priority_class,
+        scheduler_name=scheduler_name,
+        service_account=service_account,
+        annotations=_pairs("--annotation", annotation),
+        ttl=ttl,
+        queue=queue,
+        pod_monitor=pod_monitor,
     )
     rendered = manifest_from_file(policy, options)
     for note in rendered.notes:

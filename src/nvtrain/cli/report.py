@@ -18,7 +18,7 @@ def command(
         Path,
         typer.Argument(
             metavar="RUN_DIR",
-            help="Run directory (<checkpoint dir>/<run id>) or its events.jsonl.",
+            help="Run directory (<checkpoint dir>/<run id>) or one of its events-node<N>.jsonl logs.",
             show_default=False,
         ),
     ],

@@ -16,7 +16,8 @@ from nvtrain.errors import signal_exit_code
 
 _NOT_HERE = {
     "--rdzv-endpoint": "nvtrain finds the rendezvous itself: pod 0's (or the control pod's) "
-    "DNS name, from [rendezvous] service, namespace and cluster_domain; 127.0.0.1 for one node. "
+    "DNS name, from the pod's own hostname and DNS name, else from [rendezvous] service, "
+    "namespace and cluster_domain; 127.0.0.1 for one node. "
     "Give the port with --master-port or [rendezvous] port",
     "--rdzv-backend": "the rendezvous is always c10d (NVRx's); its timeouts are [rendezvous] "
     "join_timeout and dns_timeout",

@@ -22,7 +22,7 @@ def command(
         typer.Option(
             "--from-run",
             metavar="RUN",
-            help="Run directory (<checkpoint dir>/<run id>) or its events.jsonl: measure the timings.",
+            help="Run directory (<checkpoint dir>/<run id>) or one events log: measure the timings.",
             rich_help_panel=_TIMINGS,
         ),
     ] = None,

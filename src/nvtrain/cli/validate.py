@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 
 from nvtrain.cli._errors import exit_on_error
-from nvtrain.errors import ExitCode, UsageError
+from nvtrain.errors import ExitCode
 
 
 @exit_on_error
@@ -24,7 +24,7 @@ def command(
             "--timings",
             metavar="FILE",
             help="Measured timings to check the timeouts against: a TOML/JSON timings file, or a run "
-            "directory or its events.jsonl to measure them from.",
+            "directory (or one events log) to measure them from.",
         ),
     ] = None,
     manifest: Annotated[
@@ -32,13 +32,17 @@ def command(
         typer.Option(
             "--manifest",
             metavar="FILE",
-            help="Rendered manifest (YAML) to check against the policy and the timings.",
+            help="Rendered manifest (YAML) to check against the policy and the timings. Without "
+            "POLICY, the policy in its ConfigMap is checked, for the NVRx version it records.",
         ),
     ] = None,
     nvrx: Annotated[
         str | None,
         typer.Option(
-            "--nvrx", metavar="VERSION", help="NVRx version to check for (default: the installed one)."
+            "--nvrx",
+            metavar="VERSION",
+            help="NVRx version to check for (default: the one the --manifest records, else the "
+            "installed one).",
         ),
     ] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when there are warnings.")] = False,
@@ -49,23 +53,21 @@ def command(
     Exit 0 when valid, 2 on errors, 1 on warnings with --strict.
     """
     from nvtrain.config.validation import effective_settings, validate_file
-    from nvtrain.nvrx import NvrxVersion
+    from nvtrain.templates.nvrx_pin import parse_nvrx_option
     from nvtrain.tuning.sources import read_timings_or_log
 
-    version: NvrxVersion | Literal["installed"] = "installed"
-    if nvrx is not None:
-        try:
-            version = NvrxVersion.parse(nvrx)
-        except ValueError:
-            raise UsageError(
-                f"--nvrx {nvrx!r} is not a version", "give a version such as 0.4.1 or 0.7.0"
-            ) from None
+    version = parse_nvrx_option(nvrx) if nvrx is not None else None
     measured, problems = (None, []) if timings is None else read_timings_or_log(timings)
-    result = validate_file(policy, nvrx=version, timings=measured, timings_findings=problems)
     if manifest is not None:
-        from nvtrain.templates.manifest_checks import with_manifest
+        from nvtrain.templates.manifest_checks import validate_manifest
 
-        result = with_manifest(result, manifest, policy, measured)
+        result = validate_manifest(
+            policy, manifest, nvrx=version, timings=measured, timings_findings=problems
+        )
+    else:
+        result = validate_file(
+            policy, nvrx=version or "installed", timings=measured, timings_findings=problems
+        )
     code = ExitCode.OK
     if result.errors or result.policy is None:
         code = ExitCode.USAGE

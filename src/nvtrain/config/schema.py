@@ -359,6 +359,14 @@ class Metrics(BaseModel):
     log a computation takes longer (about 1 s per 100,000 events): then they are recomputed no
     more often than every 4 computation times, so they use at most a quarter of a CPU core."""
 
+    linger: Duration = 30.0
+    """How long `nvtrain run` goes on serving the final figures (the exit code among them) after
+    the run ended with exit 0, 2 or 4 (finished, or the Job fails), so that a scrape sees how it
+    ended: at least the scrape interval. The pod keeps its node (and its GPUs) meanwhile. There
+    is no wait after exit 1 or 3 (Kubernetes starts the replacement pod only once this one has
+    ended) nor after a signal, and a signal during the wait (SIGTERM when the pod is deleted,
+    Ctrl-C) ends it at once, so the pod's termination grace period is never used for it."""
+
 
 class Policy(BaseModel):
     """A training job's fault-tolerance policy."""

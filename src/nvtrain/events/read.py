@@ -59,6 +59,8 @@ class EventTail:
 
     def poll(self) -> list[Event]:
         try:
+            if self.path.stat().st_size == self.offset:
+                return []  # nothing new: no need to open it (a shared volume's round trip)
             with self.path.open("rb") as handle:
                 handle.seek(self.offset)
                 chunk = handle.read()

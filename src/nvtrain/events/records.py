@@ -1,9 +1,9 @@
 """The events of a run, as typed records: every event's name and fields are defined here once.
 
-The events log (``events.jsonl``) is the contract between the launcher, the workers, ``report``,
-``tune-interval`` and the live metrics. Every writer builds one of these records and hands it to
-``EventLog.emit``; every reader gets them back from ``parse_event`` / ``read_events``, never a
-bare dict.
+The events log (``events-node<N>.jsonl``, one per pod in the run directory) is the contract
+between the launcher, the workers, ``report``, ``tune-interval`` and the live metrics. Every
+writer builds one of these records and hands it to ``EventLog.emit``; every reader gets them
+back from ``parse_event`` / ``read_events``, never a bare dict.
 
 On disk an event is one JSON object: ``ts``, ``event`` (the record's ``NAME``), ``v`` (the
 schema version it was written with; logs from before versions have none and read as 0, with
@@ -53,6 +53,7 @@ __all__ = [
     "LauncherOutputError",
     "LauncherStart",
     "LauncherStarted",
+    "MetricsLinger",
     "ObjectReused",
     "OtherEvent",
     "Relaunch",
@@ -519,6 +520,15 @@ class TerminationLogError(Event):
     path: str | None = None
     error: str | None = None
     variable: str | None = None
+
+
+@_event("metrics_linger", logged=False)
+class MetricsLinger(Event):
+    """The run has ended; its final figures are served on ``port`` for ``seconds`` more
+    (``[metrics] linger``), or until a signal."""
+
+    port: int | None = None
+    seconds: float | None = None
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)

@@ -19,7 +19,7 @@ from types import FrameType
 
 from nvtrain.config.schema import Policy
 from nvtrain.errors import UsageError, signal_exit_code
-from nvtrain.launcher.dns import Resolver, control_name, resolve, wait_until_resolvable
+from nvtrain.launcher.dns import PodNames, Resolver, resolve, wait_until_resolvable
 from nvtrain.launcher.plan import rendezvous_id
 from nvtrain.launcher.process import Child, become_subreaper, kill_all
 from nvtrain.nvrx import NvrxVersion
@@ -54,10 +54,16 @@ class ControlPlan:
 
 
 def build_control_plan(
-    policy: Policy, nvrx: NvrxVersion, *, python: str, address: str | None = None
+    policy: Policy,
+    nvrx: NvrxVersion,
+    *,
+    python: str,
+    address: str | None = None,
+    names: PodNames | None = None,
 ) -> ControlPlan:
     """The ``nvrx-control`` command line for ``policy``; a usage error when the policy or the
-    installed NVRx has no use for a control pod."""
+    installed NVRx has no use for a control pod. ``names``: the job's DNS names as this pod
+    sees them (``launcher.identity.pod_names``); default: the policy's."""
     r = policy.rendezvous
     if r.store != "control":
         raise UsageError(
@@ -77,7 +83,7 @@ def build_control_plan(
             f"NVRx {nvrx} has no control-plane process (nvrx-control arrived in 0.6)",
             'install nvidia-resiliency-ext 0.6 or later in the image, or use [rendezvous] store = "pod0"',
         )
-    name = control_name(policy)
+    name = (names or PodNames.of(policy)).control()
     endpoint = f"{name}:{r.port}"
     rid = rendezvous_id(policy)
     argv = [

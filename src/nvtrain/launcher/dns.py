@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import socket
 import time
@@ -13,6 +14,7 @@ from nvtrain.errors import ExitCode, NvtrainError
 __all__ = [
     "CONTROL_SUFFIX",
     "DnsTimeout",
+    "PodNames",
     "Resolver",
     "control_name",
     "pod_name",
@@ -36,28 +38,83 @@ class DnsTimeout(NvtrainError):
         self.name = name
         self.waited = waited
         super().__init__(
-            f"{name} did not resolve within {waited:.0f}s ({last_error}). Likely causes: the "
-            "headless Service is missing or named differently from [rendezvous] service; the "
-            "pod spec lacks `subdomain: <service>`; the Service does not set "
+            f"{name} did not resolve within {waited:.0f}s ({last_error}). Likely causes: "
+            f"{_missing_service(name)}; the pod spec lacks `subdomain: <service>`, or names "
+            "another Service than [rendezvous] service; the Service does not set "
             "`publishNotReadyAddresses: true`; or pod 0 is not running"
         )
 
 
+def _missing_service(name: str) -> str:
+    """The first likely cause of ``name`` not resolving: no headless Service of the name that the
+    pods' ``subdomain`` gives, most often after a rename."""
+    parts = name.split(".")
+    renamed = (
+        "a Kustomize namePrefix or nameSuffix renames the Service but not the pods' `subdomain` "
+        '(docs/kubernetes.md, "Kustomize")'
+    )
+    if len(parts) >= 5 and parts[3] == "svc":
+        service, namespace = parts[1], parts[2]
+        return (
+            f"no headless Service named {service!r} (the pods' subdomain) in namespace {namespace!r}: "
+            f"check `kubectl get service {service} -n {namespace}`; {renamed}"
+        )
+    return f"the headless Service is missing or named differently from the pods' subdomain; {renamed}"
+
+
+@dataclasses.dataclass(frozen=True)
+class PodNames:
+    """The stable DNS names of one job's pods: pod *i* is ``<base>-<i>.<domain>``, the control pod
+    ``<control_host>.<domain>``.
+
+    ``of(policy)`` gives the names the policy implies. In a pod, ``launcher.identity`` takes
+    ``base`` and ``domain`` from the pod's own hostname and DNS name instead, so that a Job and
+    Service renamed after rendering (Kustomize ``namePrefix``, ``namespace``) find their peers."""
+
+    base: str
+    """What pod hostnames are made of: ``<base>-<index>`` (the Job's real name)."""
+    domain: str
+    """``<subdomain>.<namespace>.svc.<cluster domain>``."""
+    control_host: str
+    """The control pod's hostname (``[rendezvous] store = "control"``): ``<[job] name>-control``,
+    which the manifest sets literally, so a rename leaves it as it is."""
+
+    @classmethod
+    def of(cls, policy: Policy) -> PodNames:
+        """``[job] name``, and ``<[rendezvous] service>.<namespace>.svc.<cluster_domain>``."""
+        r = policy.rendezvous
+        return cls(
+            base=policy.job.name,
+            domain=f"{policy.service}.{r.namespace}.svc.{r.cluster_domain}",
+            control_host=f"{policy.job.name}-{CONTROL_SUFFIX}",
+        )
+
+    def pod(self, index: int) -> str:
+        return f"{self.base}-{index}.{self.domain}"
+
+    def control(self) -> str:
+        return f"{self.control_host}.{self.domain}"
+
+    def store(self, store: str) -> str:
+        """DNS name of the rendezvous store's host for ``[rendezvous] store``: pod 0, or the
+        control pod."""
+        return self.control() if store == "control" else self.pod(0)
+
+
 def pod_name(policy: Policy, index: int) -> str:
     """``<job>-<index>.<service>.<namespace>.svc.<cluster domain>``."""
-    r = policy.rendezvous
-    return f"{policy.job.name}-{index}.{policy.service}.{r.namespace}.svc.{r.cluster_domain}"
+    return PodNames.of(policy).pod(index)
 
 
 def control_name(policy: Policy) -> str:
     """``<job>-control.<service>.<namespace>.svc.<cluster domain>``: the pod of ``nvtrain control``."""
-    r = policy.rendezvous
-    return f"{policy.job.name}-{CONTROL_SUFFIX}.{policy.service}.{r.namespace}.svc.{r.cluster_domain}"
+    return PodNames.of(policy).control()
 
 
-def store_name(policy: Policy) -> str:
-    """DNS name of the rendezvous store's host: pod 0, or the control pod."""
-    return control_name(policy) if policy.rendezvous.store == "control" else pod_name(policy, 0)
+def store_name(policy: Policy, names: PodNames | None = None) -> str:
+    """DNS name of the rendezvous store's host: pod 0, or the control pod (``names``: this
+    pod's view of them; default: the policy's)."""
+    return (names or PodNames.of(policy)).store(policy.rendezvous.store)
 
 
 def resolve(name: str) -> list[str]:

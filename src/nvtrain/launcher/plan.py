@@ -207,7 +207,7 @@ def build_plan(
     if identity.standalone:
         host, wait_for = "127.0.0.1", None
     else:
-        host = wait_for = store_name(policy)
+        host = wait_for = store_name(policy, identity.names)
     control = r.store == "control" and not identity.standalone
     # With a control pod no training pod hosts the store, and the rendezvous is named after the
     # job: the control pod belongs to another Kubernetes Job and cannot read this one's uid.

@@ -22,6 +22,7 @@ from nvtrain.errors import UsageError
 from nvtrain.launcher.identity import Identity
 from nvtrain.launcher.plan import FT_CONFIG_NAME, LaunchPlan, build_plan, ft_config_text, uses_worker_library
 from nvtrain.nvrx import NvrxVersion, installed_nvrx
+from nvtrain.runlog.files import pod_events_file
 
 __all__ = [
     "RunPaths",
@@ -45,6 +46,8 @@ class RunPaths:
     run_dir: Path
     """``<checkpoint dir>/<run id>``: shared by every pod (events log, checkpoints)."""
     events: Path
+    """``events-node<N>.jsonl`` in the run directory: this pod's events log (its launcher's and
+    workers' events; ``nvtrain.runlog`` merges every pod's)."""
     state_dir: Path
     """Node-local: the resolved policy handed to the workers."""
     policy: Path
@@ -86,7 +89,12 @@ def prepare(
     state = Path(tempfile.gettempdir()) / f"nvtrain-{identity.run_id}-node{identity.node_rank}-{os.getpid()}"
     host = host_copy_dir(policy, identity)
     paths = RunPaths(
-        run_dir, run_dir / "events.jsonl", state, state / "policy.json", host, state / FT_CONFIG_NAME
+        run_dir,
+        pod_events_file(run_dir, identity.node_rank),
+        state,
+        state / "policy.json",
+        host,
+        state / FT_CONFIG_NAME,
     )
     plan = build_plan(
         policy,

@@ -6,7 +6,8 @@ ft_launcher in a session of its own -> echo its stdout and stderr, each to ours,
 when they are warnings or errors, or with ``-v`` (``logwatch.LogSorter``) -> on a signal, forward
 it (SIGINT as SIGINT, which ft_launcher passes on to the workers; SIGTERM and SIGHUP as SIGTERM)
 and allow ``stop_timeout`` -> on exit, kill every leftover descendant and say why the run ended
-(``outcome.decide``). A node that does not host the rendezvous store starts
+(``outcome.decide``) -> with ``[metrics]``, serve the final figures for ``[metrics] linger``
+unless a signal ended the run (``linger``). A node that does not host the rendezvous store starts
 ft_launcher again (re-resolving the store's name) when its launcher ends with an error rather
 than a spent budget or NVRx 0.7's "do not restart": that is how the job outlives a replaced pod 0.
 A rendezvous that did not gather its nodes within ``join_timeout`` is not retried here: it ends
@@ -34,7 +35,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Protocol, TextIO
 
 from nvtrain.config.schema import Policy
-from nvtrain.errors import NvtrainError, UsageError
+from nvtrain.errors import ExitCode, NvtrainError, UsageError
 from nvtrain.events import EventLog, EventTail, Reporter
 from nvtrain.events.records import (
     DnsResolved,
@@ -45,6 +46,7 @@ from nvtrain.events.records import (
     LauncherOutputError,
     LauncherStart,
     LauncherStarted,
+    MetricsLinger,
     Relaunch,
     SignalReceived,
 )
@@ -71,6 +73,8 @@ __all__ = [
     "RunPaths",  # from rundir, as before it moved there
     "Supervisor",
     "launch_env",
+    "linger",
+    "lingers",
     "prepare",  # from rundir
     "supervise",
     "write_state",  # from rundir
@@ -82,6 +86,10 @@ STOP_GRACE = 5.0
 """Seconds ft_launcher gets beyond ``stop_timeout`` to exit once told to stop."""
 POLL_INTERVAL = 0.2
 """Seconds between two looks at ft_launcher and the workers' events."""
+LINGER_AFTER = frozenset({ExitCode.OK, ExitCode.USAGE, ExitCode.ESCALATED})
+"""Exit codes after which ``[metrics] linger`` applies: the pod's index is complete, or the Job
+fails (docs/kubernetes.md). After the others Kubernetes replaces the pod, and the replacement
+starts only once this one has ended."""
 
 
 class Launcher(Protocol):
@@ -181,6 +189,8 @@ class Supervisor:
         self.launcher: Launcher | None = None
         self.waiting_for_store = False
         self.relaunches = 0
+        self.exit_code: int | None = None
+        """The run's exit code once ``run`` has logged it (``launcher_exit``)."""
 
     # -- the seam -------------------------------------------------------------------------------
 
@@ -262,6 +272,7 @@ class Supervisor:
         return outcome
 
     def _finish(self, exit_code: int, cause: str) -> None:
+        self.exit_code = exit_code
         self.emit(LauncherExit(exit_code=exit_code, cause=cause))
         write_termination_log(cause, self.report)
 
@@ -424,7 +435,8 @@ def supervise(
     """Run ``plan`` on this node until it ends; returns the exit code and its cause.
 
     Writes the run's state first (``write_state``), serves metrics if the policy asks, and
-    removes the state when the run ends. ft_launcher's own log lines go to
+    removes the state when the run ends; the final figures are then served for ``[metrics]
+    linger`` more, unless a signal stopped the run (``linger``). ft_launcher's own log lines go to
     ``<run dir>/launcher-node<N>.log`` (appended to), and to the terminal only when they are
     warnings or errors, or when ``verbose``. A ``DnsTimeout`` (exit 3) is recorded in the events log
     and the termination log, then raised for the caller to report.
@@ -447,6 +459,7 @@ def supervise(
     except BaseException:
         remove_state(paths)
         raise
+    supervisor: Supervisor | None = None
     try:
         supervisor = Supervisor(
             plan,
@@ -468,7 +481,45 @@ def supervise(
         remove_state(paths)
         launcher_log.close()
         if metrics:
+            if supervisor is not None and lingers(supervisor.exit_code, supervisor.watch.signum):
+                linger(metrics, policy.metrics.linger, supervisor.report)
             metrics.close()
+
+
+def lingers(exit_code: int | None, signum: int | None) -> bool:
+    """Whether the final figures are served for ``[metrics] linger`` once the run logged its
+    ``exit_code``: not when a signal (``signum``) stopped it, the pod being deleted, nor after an
+    exit that Kubernetes answers with a replacement pod (``LINGER_AFTER``)."""
+    return signum is None and exit_code in LINGER_AFTER
+
+
+def linger(
+    metrics: MetricsServer,
+    seconds: float,
+    report: Reporter,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Serve the run's final figures, its exit code among them, for ``seconds`` more
+    (``[metrics] linger``), so that a scrape after the end sees how the run ended. SIGTERM,
+    SIGINT or SIGHUP (the pod being deleted, Ctrl-C) ends the wait within ``POLL_INTERVAL``: the
+    pod's termination grace period is never spent here. Call it in the main thread."""
+    stopped: list[int] = []
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        stopped.append(signum)  # no lock, no raise: it may run anywhere in the loop below
+
+    previous = {s: signal.signal(s, handler) for s in _FORWARDED}
+    try:
+        metrics.catch_up()
+        report(MetricsLinger(port=metrics.port, seconds=seconds))
+        deadline = clock() + seconds
+        while not stopped and (left := deadline - clock()) > 0:
+            sleep(min(left, POLL_INTERVAL))
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
 
 
 def _serve_metrics(policy: Policy, identity: Identity, paths: RunPaths) -> MetricsServer | None:
@@ -481,9 +532,9 @@ def _serve_metrics(policy: Policy, identity: Identity, paths: RunPaths) -> Metri
     try:
         return serve(
             policy.metrics,
-            paths.events,
+            paths.run_dir,  # every pod's events log: the whole job's figures
             run_id=identity.run_id,
-            node=identity.node_rank,
+            node_rank=identity.node_rank,
             address=bind_address(os.environ.get("POD_IP")),
         )
     except OSError as exc:

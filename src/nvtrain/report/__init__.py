@@ -3,7 +3,7 @@
 ``model`` computes (pure: what ``nvtrain.runlog.RunLog`` works out from the typed events in,
 dataclasses out), ``report_dict`` turns a report into JSON data, ``timeline`` draws the PNG
 (matplotlib, the ``report`` extra, imported only when drawing), ``read_report`` reads a run
-directory or its ``events.jsonl``.
+directory (every pod's events log) or one log file.
 """
 
 from __future__ import annotations
@@ -49,8 +49,9 @@ __all__ = [
 
 
 def read_report(path: Path) -> Report:
-    """The report of the events log at ``path`` (a run directory or its ``events.jsonl``);
-    ``UsageError`` (exit 2) naming the file when it is missing, unreadable or holds no valid
-    event. Lines that are not valid events are skipped and counted (``Report.skipped_lines``)."""
+    """The report of the events log at ``path`` (a run directory, whose pods' logs are merged,
+    or one log file); ``UsageError`` (exit 2) naming the file when it is missing, unreadable or
+    holds no valid event. Lines that are not valid events are skipped and counted
+    (``Report.skipped_lines``)."""
     target, events = read_log(path, "RUN_DIR")
     return build_report(RunLog(events), str(target))

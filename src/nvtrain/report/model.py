@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from nvtrain.events.records import Event
-from nvtrain.runlog import Recovery, RunLog
+from nvtrain.runlog import Cause, Recovery, RunLog
 
 __all__ = [
     "INFRASTRUCTURE_GOODPUT",
@@ -114,6 +114,9 @@ class Incident:
     layer: str
     """The layer whose restart recovered: in_process, in_job, launcher, pod; none."""
     cause: str
+    """What it answered, in words (``Recovery.cause``)."""
+    cause_kind: Cause
+    """The same as one of ``nvtrain.runlog.CAUSES`` (the metrics' ``cause`` label)."""
     start_t: float
     """The fault (or the first restart when no fault was logged), seconds since the job start."""
     end_t: float | None
@@ -125,7 +128,9 @@ class Incident:
     restarts: dict[str, int]
     """Restarts per layer, counted once across ranks and nodes."""
     failed_attempts: int
-    """Restarts that reached no completed step."""
+    """Restarts that reached no completed step: every one but the last when it recovered or
+    while it goes on (the last may still succeed); every one when the run finished without
+    recovering."""
     last_step: int | None
     """The last step reached before the fault."""
     restored_step: int | None
@@ -171,10 +176,16 @@ class Checkpoints:
     failed: int
     blocked: Stats | None
     """Seconds the loop was blocked per save (the slowest rank)."""
+    blocked_each: tuple[float, ...]
+    """The same, each save's that ended (committed or failed), once every rank's part is in."""
     waited: Stats | None
     """Of which waiting for the previous save's write, when it did."""
     background: Stats | None
     """Seconds per background write (staged to committed)."""
+    background_each: tuple[float, ...]
+    """The same, each write's."""
+    saves_committed: int
+    """Saves that ended in a commit (``committed`` leaves out the commits found damaged later)."""
     finished_at_faults: int
     """Saves in flight at a soft fault that every rank let finish (kept)."""
     dropped_at_faults: int
@@ -237,6 +248,8 @@ class Report:
     notes: tuple[str, ...]
     skipped_lines: int = 0
     """Lines of the log that were skipped as not valid events (``nvtrain.events.parse_event``)."""
+    finished: bool = False
+    """Every node's launcher logged its exit after its last start (``RunLog.finished``)."""
 
 
 # -- building ---------------------------------------------------------------------------------
@@ -293,7 +306,7 @@ def build_report(events: RunLog | Iterable[Event], source: str, *, skipped: int 
         back_to.append(point if point is not None else commits.newest(segments[-1], ends[-1] - t0)[0])
     in_order = [*recovered, *([unrecovered] if unrecovered else [])]
     incidents = [
-        _incident(recovery, i + 1, segments[i], back_to[i], commits, t0)
+        _incident(recovery, i + 1, segments[i], back_to[i], commits, t0, log.finished)
         for i, recovery in enumerate(in_order)
     ]
     # A step is kept unless a later recovery went back before it (the lowest of back_to[k:]).
@@ -353,6 +366,7 @@ def build_report(events: RunLog | Iterable[Event], source: str, *, skipped: int 
         segments=tuple(segments),
         notes=_notes(log, segments, incidents, has_steps, skipped),
         skipped_lines=skipped,
+        finished=log.finished,
     )
 
 
@@ -393,7 +407,7 @@ _DEPTH = {"in_process": 0, "in_job": 1, "launcher": 2, "pod": 3}
 
 
 def _incident(
-    recovery: Recovery, index: int, seg: Segment, back_to: int, commits: _Commits, t0: float
+    recovery: Recovery, index: int, seg: Segment, back_to: int, commits: _Commits, t0: float, finished: bool
 ) -> Incident:
     start, end = recovery.start, recovery.end
     restarts = recovery.restarts
@@ -432,12 +446,13 @@ def _incident(
         index=index,
         layer=layer,
         cause=recovery.cause,
+        cause_kind=recovery.cause_kind,
         start_t=start - t0,
         end_t=None if end is None else end - t0,
         fault_logged=recovery.fault_logged,
         phases=phases,
         restarts=dict(Counter(restarts)),
-        failed_attempts=max(0, len(restarts) - 1) if end is not None else len(restarts),
+        failed_attempts=len(restarts) if end is None and finished else max(0, len(restarts) - 1),
         last_step=last,
         restored_step=restored_step,
         restore_source=recovery.restored_from,
@@ -522,8 +537,11 @@ def _checkpoints(log: RunLog, commits: Sequence[tuple[float, int]]) -> Checkpoin
         corrupt=saves.corrupt,
         failed=saves.failed,
         blocked=Stats.of(saves.blocked),
+        blocked_each=saves.blocked_ended,
         waited=Stats.of(saves.waited),
         background=Stats.of(saves.background),
+        background_each=saves.background,
+        saves_committed=saves.committed,
         finished_at_faults=sum(1 for _, ok in saves.settled if ok),
         dropped_at_faults=sum(1 for _, ok in saves.settled if not ok),
         settle_waited=Stats.of(w for w, _ in saves.settled),

@@ -7,7 +7,8 @@ the live metrics all read a run through ``RunLog``.
 * ``recoveries`` (``recoveries``): the faults and restarts before each first completed step of
   an attempt form one ``Recovery``, from the earliest of them to that step: how the workers came
   back (``layer``: the same processes or new ones), the restarts it took (in_process, in_job,
-  launcher, pod), its cause, its milestones and the checkpoint it loaded.
+  launcher, pod), its cause (in words, and as one of ``CAUSES``), its milestones and the
+  checkpoint it loaded.
 * ``stretches`` (``steps``): the events between two recoveries' first completed steps (one
   attempt, every rank merged), with their logged steps and the time per step between them;
   ``step_times``, the step times the workers logged.
@@ -21,24 +22,29 @@ was parsed (``nvtrain.events.records.from_fields``).
 """
 
 from nvtrain.runlog.checkpoints import ORIGINS, WAITED, Origin, Saves, loads_by_origin, recovery_origins
-from nvtrain.runlog.files import EVENTS_FILE, events_file, read_log
+from nvtrain.runlog.files import EVENTS_FILE, RunTail, log_files, pod_events_file, pod_files, read_log
 from nvtrain.runlog.kinds import restore_origin
 from nvtrain.runlog.log import RunLog
-from nvtrain.runlog.recoveries import Layer, Recovery
+from nvtrain.runlog.recoveries import CAUSES, Cause, Layer, Recovery
 from nvtrain.runlog.steps import Stretch
 
 __all__ = [
+    "CAUSES",
     "EVENTS_FILE",
     "ORIGINS",
     "WAITED",
+    "Cause",
     "Layer",
     "Origin",
     "Recovery",
     "RunLog",
+    "RunTail",
     "Saves",
     "Stretch",
-    "events_file",
     "loads_by_origin",
+    "log_files",
+    "pod_events_file",
+    "pod_files",
     "read_log",
     "recovery_origins",
     "restore_origin",

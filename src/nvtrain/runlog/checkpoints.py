@@ -51,11 +51,17 @@ class Saves:
     count: int
     blocked: tuple[float, ...]
     """Seconds the loop was blocked, per save (the slowest rank)."""
+    blocked_ended: tuple[float, ...]
+    """The same, per save that ended (committed or failed): its value no longer changes, as
+    every rank had staged its part before the save could end."""
     waited: tuple[float, ...]
     """Seconds waited for the previous save's write, per save that waited (more than ``WAITED``)."""
     background: tuple[float, ...]
     """Seconds per background write (staged to committed; sync saves left out), per save."""
     failed: int
+    committed: int
+    """Saves with a commit logged (a checkpoint found damaged later included; ``find_commits``
+    leaves those out)."""
     partial: int
     """Partial checkpoints found (one folder counts once)."""
     corrupt: int
@@ -94,6 +100,7 @@ def find_saves(parts: Sequence[Sequence[Event]]) -> Saves:
     written: dict[tuple[int, int], float] = {}
     sync: set[tuple[int, int]] = set()
     failed: set[tuple[int, int]] = set()
+    committed: set[tuple[int, int]] = set()
     partial: set[object] = set()
     corrupt: set[object] = set()
     settled: dict[tuple[int, int], tuple[float, bool]] = {}
@@ -107,9 +114,11 @@ def find_saves(parts: Sequence[Sequence[Event]]) -> Saves:
             elif isinstance(e, CheckpointBegin):
                 key = (k, _step(e.step))
                 waited[key] = max(waited.get(key, 0.0), e.waited_for_previous_s or 0.0)
-            elif isinstance(e, CheckpointCommitted) and e.write_s is not None:
+            elif isinstance(e, COMMITS):
                 key = (k, _step(e.step))
-                written[key] = max(written.get(key, 0.0), e.write_s)
+                committed.add(key)
+                if isinstance(e, CheckpointCommitted) and e.write_s is not None:
+                    written[key] = max(written.get(key, 0.0), e.write_s)
             elif isinstance(e, CheckpointFailed):
                 failed.add((k, _step(e.step)))
             elif isinstance(e, CheckpointPartial):
@@ -123,9 +132,11 @@ def find_saves(parts: Sequence[Sequence[Event]]) -> Saves:
     return Saves(
         count=len(set(blocked) | set(waited)),
         blocked=tuple(blocked.values()),
+        blocked_ended=tuple(v for k, v in blocked.items() if k in committed or k in failed),
         waited=tuple(w for w in waited.values() if w > WAITED),
         background=tuple(v for k, v in written.items() if k not in sync),
         failed=len(failed),
+        committed=len(committed),
         partial=len(partial),
         corrupt=len(corrupt),
         settled=tuple(settled.values()),

@@ -148,3 +148,15 @@ class RunLog:
     def ended(self) -> bool:
         """A launcher logged its exit."""
         return any(isinstance(e, LauncherExit) for e in self.events)
+
+    @functools.cached_property
+    def finished(self) -> bool:
+        """Every node's launcher logged its exit after its last start: the run is over (a node
+        whose pod was replaced starts again; one whose launcher was killed never finishes)."""
+        running: dict[object, bool] = {}
+        for e in self.events:
+            if isinstance(e, LauncherStart):
+                running[e.where] = True
+            elif isinstance(e, LauncherExit):
+                running[e.where] = False
+        return bool(running) and not any(running.values())

@@ -4,11 +4,15 @@ The faults and restarts (``kinds.is_fault``, ``kinds.is_restart``) before a firs
 step (a ``Step`` with no ``step_s``) form one ``Recovery``, from the earliest of them to that
 step; those that no step followed form a last one that did not recover. One pass over the
 events, and one over each recovery's own events.
+
+A recovery's cause is told twice: ``cause`` in words for people (``RuntimeError: boom``,
+``sigkill (injected)``), and ``cause_kind`` as one of the fixed ``CAUSES`` (a metrics label).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Sequence
 from typing import Literal
 
@@ -29,10 +33,33 @@ from nvtrain.events.records import (
 )
 from nvtrain.runlog.kinds import RESTORE_ORIGINS, duration, is_fault, is_restart, restore_origin
 
-__all__ = ["Layer", "Recovery", "find_recoveries"]
+__all__ = ["CAUSES", "Cause", "Layer", "Recovery", "find_recoveries"]
 
 Layer = Literal["in_process", "in_job"]
 """How the workers came back from a fault: in the same processes, or in new ones."""
+
+Cause = Literal[
+    "exception",
+    "hang",
+    "sigkill",
+    "oom",
+    "sigterm",
+    "signal",
+    "exit",
+    "stop",
+    "launcher_failed",
+    "lost_node",
+    "unknown",
+]
+"""What a recovery answered, in one word (docs/report.md, "Metrics contract"): a worker
+``exception``; a ``hang`` (a missed heartbeat, an in-process soft or hard timeout); a worker killed
+by ``sigkill``, out of memory (``oom``: exit status 137, or an injected ``oom``), sent a ``sigterm``
+or killed by another ``signal`` (SIGSEGV, SIGABRT...; NVRx's "terminated"); a worker that exited
+with a non-zero code and nothing more is known (``exit``); ``nvtrain run`` told to ``stop`` (a
+signal to the pod); a launcher that exited with an error (``launcher_failed``); a node lost (its
+ft_launcher relaunched, or its pod restarted: ``lost_node``); ``unknown`` when nothing says."""
+CAUSES: tuple[Cause, ...] = typing.get_args(Cause)
+"""Every ``Cause``."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -52,6 +79,9 @@ class Recovery:
     """The layer of each restart (in_process, in_job, launcher, pod), once across ranks and
     nodes, oldest first."""
     cause: str
+    """What it answered, for people: the exception, the signal, ``exit 1``, ``hang``..."""
+    cause_kind: Cause
+    """The same as one of ``CAUSES``."""
     fault_logged: bool
     """A fault (not only restarts) is among its events."""
     step: int | None
@@ -153,12 +183,14 @@ def _recovery(
     count = step.restart_count if isinstance(step, Step) else None
     rose = count is not None and highest_before is not None and count > highest_before
     detected = first_restart if first_restart is not None else first_failure
+    kind, cause = _cause(window, pods)
     return Recovery(
         start=window[0].ts,
         end=None if step is None else step.ts,
         layer="in_job" if rose or new_processes else "in_process",
         restarts=_restart_layers(window, pods),
-        cause=_cause(window, pods),
+        cause=cause,
+        cause_kind=kind,
         fault_logged=fault_logged,
         step=fault_step,
         restore_s=max(loads, default=0.0),
@@ -200,32 +232,77 @@ def _restart_layers(window: Sequence[Event], pods: frozenset[int]) -> tuple[str,
     return tuple(layers)
 
 
-def _cause(window: Sequence[Event], pods: frozenset[int]) -> str:
+_INJECTED: dict[str, Cause] = {
+    "exception": "exception",
+    "hang": "hang",
+    "collective_hang": "hang",
+    "sigkill": "sigkill",
+    "collective_sigkill": "sigkill",
+    "oom": "oom",
+    "sigterm": "sigterm",
+}
+"""``[[faults]] kind`` to its cause."""
+_INTERRUPTIONS: dict[str, Cause] = {
+    "exception": "exception",
+    "base exception": "exception",
+    "soft timeout": "hang",
+    "hard timeout": "hang",
+    "unresponsive": "hang",
+    "terminated": "signal",
+}
+"""An in-process restart's cause (``worker.restart.restart_cause``: NVRx's interruption, in
+words, ``peer `` in front on the ranks that only saw it) to its cause."""
+OOM_EXIT = 137
+"""Exit status of a worker ended by an out-of-memory kill when a shell or a container runtime
+reports it (128 + SIGKILL), and of an injected ``oom``."""
+
+
+def _signal_cause(name: str) -> Cause:
+    return "sigkill" if name == "SIGKILL" else "sigterm" if name == "SIGTERM" else "signal"
+
+
+def _exit_cause(failed: WorkerFailed) -> Cause:
+    """A failed worker, by what it logged: an exception, a signal, or its exit code."""
+    if failed.signal:
+        return _signal_cause(failed.signal)
+    if failed.raised:
+        return "exception"
+    return "oom" if failed.exit_code == OOM_EXIT else "exit"
+
+
+def _restart_cause(text: str) -> Cause:
+    text = text.removeprefix("peer ")
+    return _INTERRUPTIONS.get(text.partition(" (")[0], "unknown")
+
+
+def _cause(window: Sequence[Event], pods: frozenset[int]) -> tuple[Cause, str]:
+    """What ``window`` answered: one of ``CAUSES``, and in words."""
     injected = next((e for e in window if isinstance(e, FaultInjected)), None)
     if injected is not None:
-        return f"{injected.kind or 'fault'} (injected)"
+        return _INJECTED.get(injected.kind or "", "unknown"), f"{injected.kind or 'fault'} (injected)"
     if any(isinstance(e, HangDetected) for e in window):
-        return "hang"
+        return "hang", "hang"
     # A worker killed by a signal (not one ft_launcher told to stop) is the fault: the in-process
     # restarts of its peers that follow name only what they saw of it (a broken connection).
     killed = next((e for e in window if isinstance(e, WorkerFailed) and e.signal and not e.stopped), None)
     if killed is not None:
-        return str(killed.signal)
+        return _signal_cause(str(killed.signal)), str(killed.signal)
     # An in-process restart names its cause; the failing rank's is the fault.
     causes = [e.cause for e in window if isinstance(e, RestartBegin) and e.cause]
     if causes:
-        return next((c for c in causes if not c.startswith("peer ")), causes[0])
+        text = next((c for c in causes if not c.startswith("peer ")), causes[0])
+        return _restart_cause(text), text
     failed = next((e for e in window if isinstance(e, WorkerFailed)), None)
     if failed is not None:
-        return failed.signal or f"exit {failed.exit_code}"
+        return _exit_cause(failed), failed.signal or f"exit {failed.exit_code}"
     signal = next((e for e in window if isinstance(e, SignalReceived)), None)
     if signal is not None:
-        return signal.signal or "signal"
+        return "stop", signal.signal or "signal"
     exited = next((e for e in window if isinstance(e, LauncherExit) and e.failed), None)
     if exited is not None:
-        return f"launcher exit {exited.exit_code}"
+        return "launcher_failed", f"launcher exit {exited.exit_code}"
     if any(isinstance(e, Relaunch) for e in window):
-        return "launcher lost"
+        return "lost_node", "launcher lost"
     if any(id(e) in pods for e in window):
-        return "pod restarted"
-    return "no fault logged"
+        return "lost_node", "pod restarted"
+    return "unknown", "no fault logged"

@@ -13,6 +13,7 @@ the generator). After changing the schema, regenerate it with::
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 from importlib import resources
@@ -26,7 +27,7 @@ from nvtrain.config.schema import Fault, Policy, table_model
 from nvtrain.errors import UsageError
 from nvtrain.findings import toml_value
 
-__all__ = ["STARTER_FILES", "init_project", "starter_policy", "starter_text"]
+__all__ = ["STARTER_FILES", "init_project", "starter_nvrx_version", "starter_policy", "starter_text"]
 
 STARTER_FILES = ("policy.toml", "train.py", "Dockerfile")
 """The files ``nvtrain init`` writes, in this order."""
@@ -88,7 +89,7 @@ _VALUES: dict[str, dict[str, str]] = {
         "keep": "3",
         "finish_in_flight": "true",
     },
-    "metrics": {"enabled": "false", "port": "9464", "refresh": '"5s"'},
+    "metrics": {"enabled": "false", "port": "9464", "refresh": '"5s"', "linger": '"30s"'},
     "faults": {"step": "100", "rank": "1", "kind": '"exception"'},
 }
 _UNSET = {
@@ -194,6 +195,14 @@ def starter_text(name: str) -> str:
     if name not in STARTER_FILES:
         raise KeyError(name)
     return resources.files(__package__).joinpath("starter", name).read_text(encoding="utf-8")
+
+
+def starter_nvrx_version() -> str:
+    """The NVRx version the starter Dockerfile installs (its ``ARG NVRX_VERSION=...``): the
+    version ``nvtrain init`` tells the next steps to validate and render for."""
+    match = re.search(r"^ARG NVRX_VERSION=(\S+)\s*$", starter_text("Dockerfile"), re.MULTILINE)
+    assert match is not None, "the starter Dockerfile lost its ARG NVRX_VERSION line"
+    return match.group(1)
 
 
 def init_project(directory: Path, *, force: bool = False) -> list[Path]:

@@ -7,10 +7,16 @@ policy does not hold (image, resources, storage), these objects in one multi-doc
   hash of the text, so a changed policy never reaches the pods of a Job already running);
 - the headless Service that gives pod *i* its DNS name ``<job>-<i>.<service>.<namespace>...``;
 - a NetworkPolicy: the job's pods accept traffic only from pods of the same job;
+- on request, a Prometheus Operator PodMonitor (``monitoring``) and a Volcano PodGroup
+  (``scheduling``);
 - with ``[rendezvous] store = "control"`` (and 2 or more nodes), a Job ``<job>-control`` whose
   one small CPU pod runs ``nvtrain control /etc/nvtrain/policy.toml``: the rendezvous store;
 - an Indexed ``batch/v1`` Job whose pods run ``nvtrain run /etc/nvtrain/policy.toml``, or, with
-  ``jobset=True``, a ``jobset.x-k8s.io/v1alpha2`` JobSet around the same Job template.
+  ``jobset=True``, a ``jobset.x-k8s.io/v1alpha2`` JobSet around the same Job template (and the
+  control Job's, as a second replicated Job).
+
+The pods' CPU and memory and their QoS class come from ``qos``, their security contexts from
+``podsecurity``, and tolerations, priority, scheduler, queue and pull policy from ``scheduling``.
 
 Every value that the policy holds (names, namespace, nodes, port, stop timeout, checkpoint
 directory) is taken from it, so the manifest and the policy cannot disagree. Strings reach the
@@ -24,7 +30,7 @@ import dataclasses
 import hashlib
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -35,6 +41,14 @@ from nvtrain.config.checks import MAX_NPROC
 from nvtrain.config.schema import Policy
 from nvtrain.errors import ConfigError, ExitCode, UsageError
 from nvtrain.launcher.dns import CONTROL_SUFFIX
+from nvtrain.templates import monitoring, podsecurity, qos, scheduling
+from nvtrain.templates.names import CONTROL_CHARS as _CONTROL
+from nvtrain.templates.names import DNS_SUBDOMAIN as _DNS_SUBDOMAIN
+from nvtrain.templates.names import LABEL_VALUE as _LABEL_VALUE
+from nvtrain.templates.names import QUALIFIED_NAME as _QUALIFIED
+from nvtrain.templates.nvrx_pin import NVRX_ANNOTATION, parse_nvrx_option
+from nvtrain.templates.quantity import format_bytes as _quantity
+from nvtrain.templates.quantity import parse_quantity as _check_quantity
 
 __all__ = [
     "COMPONENT_LABEL",
@@ -51,6 +65,7 @@ __all__ = [
     "ManifestOptions",
     "Rendered",
     "control_job_name",
+    "control_job_spec",
     "dump",
     "grace_period",
     "has_control_job",
@@ -107,31 +122,7 @@ JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
 JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 
-_LABEL_NAME = r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)"
-_DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-_QUALIFIED = re.compile(rf"({_DNS_SUBDOMAIN}/)?{_LABEL_NAME}")
-_LABEL_VALUE = re.compile(rf"{_LABEL_NAME}?")
 _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
-_QUANTITY = re.compile(r"([0-9]+(\.[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_FACTOR: dict[str | None, Fraction] = {
-    None: Fraction(1),
-    "m": Fraction(1, 1000),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    "Ki": Fraction(2**10),
-    "Mi": Fraction(2**20),
-    "Gi": Fraction(2**30),
-    "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50),
-    "Ei": Fraction(2**60),
-}
-_BYTE_SUFFIXES = ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki", "E", "P", "T", "G", "M", "k")
-"""Suffixes a rendered size may take, binary first (the shortest exact form wins, ties binary)."""
 
 SHM_MOUNT = "/dev/shm"
 
@@ -186,6 +177,36 @@ class ManifestOptions:
     node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Node labels the training pods must run on (``nodeSelector``). Not the control pod's: it
     needs no GPU node."""
+    nvrx_version: str | None = None
+    """NVRx version of the training image (``"0.7.0"``): ``manifest_from_file`` checks the policy
+    against it, and the training pods record it in the annotation ``nvtrain.dev/nvrx-version``
+    for ``nvtrain validate --manifest`` (``nvtrain.templates.nvrx_pin``). None: neither."""
+    qos: str = "burstable"
+    """``"burstable"``: CPU and memory requested (by default sized from the ranks of a pod), the
+    memory limit equal to its request, no CPU limit; ``"guaranteed"``: every limit equal to its
+    request. See ``nvtrain.templates.qos``."""
+    pod_security: str | None = None
+    """Pod Security Standards level every pod must pass, ``"baseline"`` or ``"restricted"``
+    (``nvtrain.templates.podsecurity``); None renders no security context but IPC_LOCK for RDMA."""
+    run_as_user: int | None = None
+    """User and group id of every pod. Default: 1000 with ``pod_security = "restricted"``,
+    otherwise the image's user."""
+    tolerations: Sequence[str] = ()
+    """Tolerations of every pod, each ``KEY[=VALUE]:EFFECT``."""
+    priority_class: str | None = None
+    """``priorityClassName`` of every pod."""
+    scheduler_name: str | None = None
+    """``schedulerName`` of every pod; ``"volcano"`` also renders a Volcano PodGroup."""
+    service_account: str | None = None
+    """``serviceAccountName`` of every pod (its API token stays unmounted)."""
+    annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Extra annotations on every pod."""
+    ttl: int | None = None
+    """``ttlSecondsAfterFinished`` of the Jobs (or the JobSet): deleted that long after they end."""
+    queue: str | None = None
+    """Kueue LocalQueue of the workload, or the Volcano queue with ``scheduler_name = "volcano"``."""
+    pod_monitor: bool = False
+    """Also render a Prometheus Operator PodMonitor for the metrics port (needs ``[metrics]``)."""
 
 
 def grace_period(policy: Policy) -> int:
@@ -401,26 +422,6 @@ def _in_shm(directory: str) -> bool:
     return path == shm or shm in path.parents
 
 
-def _check_quantity(flag: str, value: str) -> Fraction:
-    """The quantity ``value`` as an exact number (bytes for a memory quantity)."""
-    match = _QUANTITY.fullmatch(value)
-    if not match:
-        raise UsageError(
-            f"{flag} {value!r} is not a Kubernetes quantity",
-            'write a number with an optional suffix, e.g. "500m", "16", "64Gi" or "900G"',
-        )
-    return Fraction(match.group(1)) * _FACTOR[match.group(3)]
-
-
-def _quantity(count: Fraction) -> str:
-    """``count`` bytes, rounded up to whole bytes, as the shortest exact quantity (``336Gi``)."""
-    whole = math.ceil(count)
-    forms = [str(whole)] + [
-        f"{whole // int(_FACTOR[s])}{s}" for s in _BYTE_SUFFIXES if whole and whole % int(_FACTOR[s]) == 0
-    ]
-    return min(reversed(forms), key=len)
-
-
 def _shm_size(policy: Policy, options: ManifestOptions) -> str:
     """``sizeLimit`` of ``/dev/shm``: ``--shm-size``, plus the host copies when they live there."""
     host = host_copy_bytes(policy, options)
@@ -565,6 +566,7 @@ def _check(policy: Policy, options: ManifestOptions) -> None:
         if count < 1:
             raise UsageError(f"--resource {name}={count}: the count must be at least 1")
     _check_pairs("label", options.labels, _QUALIFIED, _LABEL_VALUE)
+    _check_platform(policy, options)
     _check_pairs("node selector", options.node_selector, _QUALIFIED, _LABEL_VALUE)
     reserved_labels = set(selector(policy)) | {"app.kubernetes.io/managed-by"}
     if has_control_job(policy):
@@ -618,18 +620,77 @@ def _resources(policy: Policy, options: ManifestOptions) -> dict[str, Any]:
     if options.efa:
         extended["vpc.amazonaws.com/efa"] = options.efa
     extended.update(options.resources)
-    requests: dict[str, Any] = dict(extended)
-    limits: dict[str, Any] = dict(extended)
-    if options.cpu is not None:
-        requests["cpu"] = options.cpu
-    if options.memory is not None:
-        requests["memory"] = limits["memory"] = options.memory
-    resources: dict[str, Any] = {}
-    if requests:
-        resources["requests"] = requests
-    if limits:
-        resources["limits"] = limits
-    return resources
+    # Every medium: Memory volume counts against the memory limit: /dev/shm and the host copies
+    # (in /dev/shm or in a volume of their own, the same bytes either way).
+    memory_backed = _check_quantity("--shm-size", options.shm_size) + (host_copy_bytes(policy, options) or 0)
+    return qos.training_resources(
+        extended=extended,
+        ranks=_known_ranks(policy, options),
+        memory_backed=memory_backed,
+        cpu=options.cpu,
+        memory=options.memory,
+        qos=options.qos,
+    )
+
+
+def _platform_pod(policy: Policy, options: ManifestOptions, pod: dict[str, Any]) -> None:
+    """Add to ``pod`` (a training or control pod template) what the platform options ask of
+    every pod: annotations, the Volcano group, scheduler, priority, service account, tolerations
+    and security contexts."""
+    metadata, spec = pod["metadata"], pod["spec"]
+    annotations = dict(options.annotations)
+    if options.scheduler_name == scheduling.VOLCANO:
+        annotations[scheduling.GROUP_ANNOTATION] = policy.job.name
+    if annotations:
+        metadata.setdefault("annotations", {}).update(annotations)
+    for key, value in (
+        ("schedulerName", options.scheduler_name),
+        ("priorityClassName", options.priority_class),
+        ("serviceAccountName", options.service_account),
+    ):
+        if value is not None:
+            spec[key] = value
+    tolerations: list[dict[str, str]] = list(spec.get("tolerations", []))
+    for wanted in map(scheduling.toleration, options.tolerations):
+        if wanted not in tolerations:
+            tolerations.append(wanted)
+    if tolerations:
+        spec["tolerations"] = tolerations
+    context = podsecurity.pod_context(options.pod_security, options.run_as_user)
+    if context is not None:
+        spec["securityContext"] = context
+    for container in spec["containers"]:
+        rdma = _rdma(options) and container["name"] == CONTAINER
+        container_context = podsecurity.container_context(options.pod_security, rdma=rdma)
+        if container_context is not None:
+            container["securityContext"] = container_context
+
+
+def _check_platform(policy: Policy, options: ManifestOptions) -> None:
+    """The platform options (QoS, Pod Security, scheduling, PodMonitor); see ``_platform_pod``."""
+    qos.check_qos(options.qos)
+    rdma = [f"--efa {options.efa}"] if options.efa else []
+    rdma += [f"--resource {name}={count}" for name, count in options.resources.items()]
+    podsecurity.check_pod_security(options.pod_security, options.run_as_user, rdma)
+    scheduling.check_scheduling(
+        tolerations=options.tolerations,
+        priority_class=options.priority_class,
+        scheduler_name=options.scheduler_name,
+        service_account=options.service_account,
+        queue=options.queue,
+        ttl=options.ttl,
+    )
+    reserved = {INDEX_ANNOTATION, scheduling.GROUP_ANNOTATION, NVRX_ANNOTATION}
+    if policy.metrics.enabled:
+        reserved |= {"prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path"}
+    scheduling.check_annotations(options.annotations, reserved)
+    monitoring.check_pod_monitor(options.pod_monitor, policy.metrics.enabled)
+    scheduling.check_queue(
+        options.queue,
+        scheduler_name=options.scheduler_name,
+        labels=options.labels,
+        two_jobs=has_control_job(policy) and not options.jobset,
+    )
 
 
 def pod_template(
@@ -639,7 +700,7 @@ def pod_template(
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": _image(policy, options),
-        "imagePullPolicy": "IfNotPresent",
+        "imagePullPolicy": scheduling.pull_policy(_image(policy, options)),
         "command": ["nvtrain", "run", f"{POLICY_MOUNT}/{POLICY_FILE}"],
         "env": _env(policy, options, uid_label=uid_label),
         "ports": [{"name": "rendezvous", "containerPort": policy.rendezvous.port, "protocol": "TCP"}],
@@ -663,8 +724,6 @@ def pod_template(
         {"name": "checkpoints", "mountPath": policy.checkpoint.dir},
         {"name": "dshm", "mountPath": SHM_MOUNT},
     ]
-    if _rdma(options):
-        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     spec: dict[str, Any] = {
         "subdomain": policy.service,
         "restartPolicy": "Never",
@@ -690,7 +749,12 @@ def pod_template(
         spec["nodeSelector"] = dict(options.node_selector)
     if gpus(policy, options):
         spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    return {"metadata": metadata, "spec": spec}
+    if options.nvrx_version is not None:
+        pinned = str(parse_nvrx_option(options.nvrx_version))
+        metadata.setdefault("annotations", {})[NVRX_ANNOTATION] = pinned
+    pod = {"metadata": metadata, "spec": spec}
+    _platform_pod(policy, options, pod)
+    return pod
 
 
 def pod_failure_policy() -> dict[str, Any]:
@@ -722,14 +786,25 @@ def job_spec(policy: Policy, policy_text: str, options: ManifestOptions, *, uid_
     }
 
 
+def _workload(obj: dict[str, Any], options: ManifestOptions) -> dict[str, Any]:
+    """``obj``, a Job or the JobSet, with ``--ttl`` and the Kueue queue label of ``--queue``
+    (Kueue admits a Job or a JobSet; with Volcano the queue is the PodGroup's)."""
+    if options.queue is not None and options.scheduler_name != scheduling.VOLCANO:
+        obj["metadata"]["labels"][scheduling.QUEUE_LABEL] = options.queue
+    if options.ttl is not None:
+        obj["spec"]["ttlSecondsAfterFinished"] = options.ttl
+    return obj
+
+
 def job(policy: Policy, policy_text: str, options: ManifestOptions) -> dict[str, Any]:
     """The Indexed Job: one pod per node, pod *i* named ``<job>-<i>``."""
-    return {
+    obj = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": _meta(policy.job.name, policy, options),
         "spec": job_spec(policy, policy_text, options, uid_label=JOB_UID_LABEL),
     }
+    return _workload(obj, options)
 
 
 def control_job(policy: Policy, policy_text: str, options: ManifestOptions) -> dict[str, Any]:
@@ -739,15 +814,28 @@ def control_job(policy: Policy, policy_text: str, options: ManifestOptions) -> d
     ``/dev/shm``, and neither the GPU toleration nor ``--node-selector`` (they are the training
     pods'). It keeps the Service's selector labels, so the headless Service gives it its DNS name
     and the NetworkPolicy admits only the job's pods to it."""
+    metadata = _meta(control_job_name(policy), policy, options)
+    metadata["labels"] = _labels(policy, options, component="control")
+    obj = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata,
+        "spec": control_job_spec(policy, policy_text, options),
+    }
+    return _workload(obj, options)
+
+
+def control_job_spec(policy: Policy, policy_text: str, options: ManifestOptions) -> dict[str, Any]:
+    """The spec of the control Job (``control_job``), also the control replicated Job of the JobSet."""
     port = policy.rendezvous.port
     container: dict[str, Any] = {
         "name": CONTROL_CONTAINER,
         "image": _image(policy, options),
-        "imagePullPolicy": "IfNotPresent",
+        "imagePullPolicy": scheduling.pull_policy(_image(policy, options)),
         "command": ["nvtrain", "control", f"{POLICY_MOUNT}/{POLICY_FILE}"],
         "env": [_field_env("POD_IP", "status.podIP"), {"name": "PYTHONUNBUFFERED", "value": "1"}],
         "ports": [{"name": "rendezvous", "containerPort": port, "protocol": "TCP"}],
-        "resources": {kind: dict(values) for kind, values in CONTROL_RESOURCES.items()},
+        "resources": qos.control_resources(options.qos, CONTROL_RESOURCES),
         "volumeMounts": [{"name": "policy", "mountPath": POLICY_MOUNT, "readOnly": True}],
     }
     pod = {
@@ -766,44 +854,28 @@ def control_job(policy: Policy, policy_text: str, options: ManifestOptions) -> d
             ],
         },
     }
-    metadata = _meta(control_job_name(policy), policy, options)
-    metadata["labels"] = _labels(policy, options, component="control")
+    _platform_pod(policy, options, pod)
     return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": metadata,
-        "spec": {
-            "completions": 1,
-            "parallelism": 1,
-            "backoffLimit": options.backoff_limit,
-            "podFailurePolicy": {
-                "rules": [
-                    {
-                        # Exit 2: the policy is invalid, and a new pod would read the same one.
-                        "action": "FailJob",
-                        "onExitCodes": {
-                            "containerName": CONTROL_CONTAINER,
-                            "operator": "In",
-                            "values": [int(ExitCode.USAGE)],
-                        },
-                        "onPodConditions": [],  # required by the 1.28 schema (see pod_failure_policy)
+        "completions": 1,
+        "parallelism": 1,
+        "backoffLimit": options.backoff_limit,
+        "podFailurePolicy": {
+            "rules": [
+                {
+                    # Exit 2: the policy is invalid, and a new pod would read the same one.
+                    "action": "FailJob",
+                    "onExitCodes": {
+                        "containerName": CONTROL_CONTAINER,
+                        "operator": "In",
+                        "values": [int(ExitCode.USAGE)],
                     },
-                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-                ]
-            },
-            "template": pod,
+                    "onPodConditions": [],  # required by the 1.28 schema (see pod_failure_policy)
+                },
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            ]
         },
+        "template": pod,
     }
-
-
-def _refuse_jobset_with_control(policy: Policy) -> None:
-    raise UsageError(
-        '--jobset cannot be used with [rendezvous] store = "control": JobSet names its pods '
-        "itself and its headless Service selects pods by JobSet name, so the control pod "
-        f"{control_job_name(policy)} would get no DNS name and the training pods could not reach "
-        "the rendezvous store",
-        'render the plain Job (leave out --jobset), or set store = "pod0" in [rendezvous]',
-    )
 
 
 def jobset_names(policy: Policy) -> tuple[str, str]:
@@ -825,11 +897,50 @@ def jobset_names(policy: Policy) -> tuple[str, str]:
     return jobset_name, replicated
 
 
-def jobset(policy: Policy, policy_text: str, options: ManifestOptions) -> dict[str, Any]:
-    """A JobSet with one replicated Job (one replica); JobSet creates the headless Service
-    named ``network.subdomain`` itself. Exit codes 2 and 4 fail the JobSet too."""
+def _control_replicated_job(policy: Policy, policy_text: str, options: ManifestOptions) -> dict[str, Any]:
+    """The control Job as a replicated Job ``control`` of the JobSet, so that the JobSet (and
+    Kueue, which admits a JobSet as one workload) holds every pod of the job. ``NonIndexed``:
+    the Job controller names an Indexed Job's pods itself, and the control pod keeps the hostname
+    ``<job>-control`` (JobSet sets only the subdomain, the one of its headless Service, which
+    selects every pod of the JobSet)."""
     jobset_name, replicated = jobset_names(policy)
+    name = f"{jobset_name}-{CONTROL_SUFFIX}-0"  # JobSet names it <jobset>-<replicated job>-<index>
+    if replicated == CONTROL_SUFFIX or len(name) > 63:
+        raise UsageError(
+            f'--jobset with [rendezvous] store = "control" adds the replicated job "{CONTROL_SUFFIX}" '
+            f'(Job {name}), which clashes with the training pods\' replicated job "{replicated}" or '
+            "is longer than 63 characters",
+            f"name the training pods' replicated job otherwise, e.g. [job] name = "
+            f'"{jobset_name}-workers-0", or shorten the JobSet name',
+        )
     return {
+        "name": CONTROL_SUFFIX,
+        "replicas": 1,
+        "template": {
+            "metadata": {"labels": _labels(policy, options, component="control")},
+            "spec": {"completionMode": "NonIndexed", **control_job_spec(policy, policy_text, options)},
+        },
+    }
+
+
+def jobset(policy: Policy, policy_text: str, options: ManifestOptions) -> dict[str, Any]:
+    """A JobSet with one replicated Job (one replica), and with ``[rendezvous] store =
+    "control"`` a second one, ``control``; JobSet creates the headless Service named
+    ``network.subdomain`` itself. Exit codes 2 and 4 fail the JobSet too."""
+    jobset_name, replicated = jobset_names(policy)
+    replicated_jobs: list[dict[str, Any]] = [
+        {
+            "name": replicated,
+            "replicas": 1,
+            "template": {
+                "metadata": {"labels": _labels(policy, options)},
+                "spec": job_spec(policy, policy_text, options, uid_label=JOBSET_UID_LABEL),
+            },
+        }
+    ]
+    if has_control_job(policy):
+        replicated_jobs.append(_control_replicated_job(policy, policy_text, options))
+    obj = {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
         "metadata": _meta(jobset_name, policy, options),
@@ -849,18 +960,10 @@ def jobset(policy: Policy, policy_text: str, options: ManifestOptions) -> dict[s
                     }
                 ],
             },
-            "replicatedJobs": [
-                {
-                    "name": replicated,
-                    "replicas": 1,
-                    "template": {
-                        "metadata": {"labels": _labels(policy, options)},
-                        "spec": job_spec(policy, policy_text, options, uid_label=JOBSET_UID_LABEL),
-                    },
-                }
-            ],
+            "replicatedJobs": replicated_jobs,
         },
     }
+    return _workload(obj, options)
 
 
 def _check_size(policy_text: str, source: str) -> None:
@@ -880,12 +983,24 @@ def render(policy: Policy, policy_text: str, options: ManifestOptions | None = N
     _check(policy, options)
     control = has_control_job(policy)
     objects = [configmap(policy, policy_text, options)]
+    objects += [] if options.jobset else [service(policy, options)]
+    objects.append(network_policy(policy, options))
+    if options.pod_monitor:
+        metadata = _meta(policy.job.name, policy, options)
+        objects.append(monitoring.pod_monitor(metadata=metadata, selector=selector(policy)))
+    if options.scheduler_name == scheduling.VOLCANO:
+        # Before the pods that name it; every pod of the job, the control pod too.
+        objects.append(
+            scheduling.pod_group(
+                metadata=_meta(policy.job.name, policy, options),
+                min_member=policy.rendezvous.nodes + (1 if control else 0),
+                queue=options.queue,
+                priority_class=options.priority_class,
+            )
+        )
     if options.jobset:
-        if control:
-            _refuse_jobset_with_control(policy)
-        objects += [network_policy(policy, options), jobset(policy, policy_text, options)]
+        objects.append(jobset(policy, policy_text, options))
     else:
-        objects += [service(policy, options), network_policy(policy, options)]
         if control:
             # Before the workers: their launchers wait for the control pod's name to resolve.
             objects.append(control_job(policy, policy_text, options))
@@ -937,9 +1052,25 @@ def dump(objects: list[dict[str, Any]]) -> str:
 
 
 def notes(policy: Policy, options: ManifestOptions) -> list[str]:
-    """What the user should know about the memory of the host copies (``nvtrain manifest``
-    prints each on stderr): they are kept but not sized (no ``--state-per-rank``), or
-    ``--state-per-rank`` is given for a policy that keeps none. Call after ``render``."""
+    """What the user should know about the memory of the pods (``nvtrain manifest`` prints each
+    on stderr): the host copies are kept but not sized (no ``--state-per-rank``), or
+    ``--state-per-rank`` is given for a policy that keeps none; CPU or memory is not requested
+    because the ranks of a pod are not known. Call after ``render``."""
+    found = _host_copy_notes(policy, options)
+    given = {"--cpu": ("CPU", options.cpu), "--memory": ("memory", options.memory)}
+    missing = [flag for flag, (_, value) in given.items() if value is None]
+    if _known_ranks(policy, options) is None and missing:
+        found.append(
+            f'[job] nproc_per_node = "{policy.job.nproc_per_node}" does not say how many ranks a pod '
+            f"runs, so no {' and no '.join(given[f][0] for f in missing)} "
+            "is requested by default: the pods may be evicted first, and nothing reserves the memory "
+            f"of /dev/shm; pass {' and '.join(missing)}"
+        )
+    return found
+
+
+def _host_copy_notes(policy: Policy, options: ManifestOptions) -> list[str]:
+    """The notes on the host copies of the checkpoint (see ``notes``)."""
     c = policy.checkpoint
     if not keeps_host_copy(policy):
         if options.state_per_rank is None:
@@ -986,8 +1117,9 @@ class Rendered:
 def manifest_from_file(path: Path, options: ManifestOptions | None = None) -> Rendered:
     """Read and validate the policy at ``path``, then render its manifests.
 
-    Raises ``ConfigError`` when the policy has errors (NVRx-version rules are left to
-    ``nvtrain validate --nvrx``) and ``UsageError`` when the options cannot be rendered."""
+    Raises ``ConfigError`` when the policy has errors (NVRx-version rules only with
+    ``options.nvrx_version``; otherwise they are left to ``nvtrain validate --nvrx``) and
+    ``UsageError`` when the options cannot be rendered."""
     from nvtrain.config.load import read_source
     from nvtrain.config.validation import validate_source
 
@@ -995,7 +1127,9 @@ def manifest_from_file(path: Path, options: ManifestOptions | None = None) -> Re
     if raw is None:
         assert problem is not None
         raise ConfigError(str(path), [problem])
-    result = validate_source(raw, str(path), nvrx=None)
+    wanted = options.nvrx_version if options is not None else None
+    nvrx = parse_nvrx_option(wanted) if wanted is not None else None
+    result = validate_source(raw, str(path), nvrx=nvrx)
     if result.policy is None or result.errors:
         raise ConfigError(result.source, result.findings)
     text = raw.decode("utf-8")

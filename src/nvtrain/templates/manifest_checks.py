@@ -11,16 +11,31 @@ policy and where its grace period is shorter than the measured checkpoint write.
 With ``[rendezvous] store = "control"`` the manifest holds a second Job, ``<job>-control``, whose
 pod runs the rendezvous store: it is told apart from the training Job (by its name, or by its
 ``nvtrain control`` command when there is no valid policy to name it), checked for what gives it
-its DNS name and what it runs, and never taken for the workload.
+its DNS name and what it runs, and never taken for the workload. In a JobSet it is the
+replicated job ``control`` (``--jobset``), told apart and checked the same way, and exempt from
+what applies to the training pods only (one pod per node, pod names holding ``[job] name``, the
+grace period against the checkpoint write).
+
+Renames after rendering (Kustomize ``namePrefix``, ``nameSuffix``, ``namespace``) are told apart
+by whether the pods can still find each other: the pods take their peers' names from their own
+hostname and DNS name (``launcher.identity``), so a Job whose name still holds ``[job] name``, a
+``subdomain`` that names a Service of the file, and one namespace for every object work (info
+``manifest-renamed``); a ``subdomain`` naming no Service of the file, a Job name without
+``[job] name``, or objects in different namespaces cannot, and are errors.
+
+Without a policy file, ``validate_manifest`` checks the policy in the manifest's ConfigMap (the
+one the pods run), and the NVRx version the manifest was rendered for (``nvtrain manifest --nvrx``,
+the pod annotation ``nvtrain.dev/nvrx-version``) is the version its rules are checked against.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
@@ -29,7 +44,8 @@ from nvtrain.config.duration import format_duration
 from nvtrain.config.load import read_source
 from nvtrain.config.schema import Policy
 from nvtrain.findings import Finding, Severity, toml_value
-from nvtrain.launcher.dns import control_name
+from nvtrain.launcher.dns import CONTROL_SUFFIX, control_name
+from nvtrain.nvrx import NvrxVersion
 from nvtrain.templates.manifest import (
     CONTROL_CONTAINER,
     GRACE_MARGIN,
@@ -39,15 +55,19 @@ from nvtrain.templates.manifest import (
     has_control_job,
     selector,
 )
+from nvtrain.templates.nvrx_pin import NVRX_ANNOTATION
 
 if TYPE_CHECKING:
     from nvtrain.config.timings import Timings
     from nvtrain.config.validation import Validation
 
-__all__ = ["KUBERNETES_DEFAULT_GRACE", "check_manifest", "with_manifest"]
+__all__ = ["KUBERNETES_DEFAULT_GRACE", "check_manifest", "validate_manifest"]
 
 KUBERNETES_DEFAULT_GRACE = 30
 """``terminationGracePeriodSeconds`` when a pod spec leaves it out."""
+
+_HOSTNAME_LIMIT = 63
+"""A pod's hostname is a DNS label: at most 63 characters."""
 
 YamlPath = tuple[str | int, ...]
 
@@ -126,11 +146,17 @@ class _Checker:
         policy_source: str,
         timings: Timings | None,
         jobset: bool,
+        services: Sequence[str] = (),
+        subdomains: Sequence[str] = (),
     ) -> None:
         self.source = source
         self.policy = policy
         self.policy_text = policy_text
         self.timings = timings
+        self.services = frozenset(services)
+        """Names of the Services in the file (none: the file may be one part of a larger set)."""
+        self.subdomains = tuple(subdomains)
+        """The training pods' subdomains (a renamed Service is known by them)."""
         flag = " --jobset" if jobset else ""
         self.rerender = (
             "re-render it, with the options used before (e.g. --image): "
@@ -173,28 +199,118 @@ class _Checker:
             self.rerender,
         )
 
+    def renamed(self, doc: _Doc, path: YamlPath, found: Any, want: str, source: str) -> Iterator[Finding]:
+        """An info when ``found`` differs from ``want`` in a way that the pods survive: they take
+        their peers' names from their own hostname and DNS name, not from the policy."""
+        if found == want:
+            return
+        yield self.finding(
+            "info",
+            "manifest-renamed",
+            doc,
+            path,
+            found,
+            f"differs from the policy ({source} = {toml_value(want)}), as after a Kustomize "
+            "namePrefix, nameSuffix or namespace: the pods find their peers through their own "
+            "hostname and DNS name, so this works",
+            "nothing to do; render again with the new name in the policy to make them agree",
+        )
+
+    def dialled(self) -> set[str]:
+        """Names of the Services whose DNS names the pods use: the policy's, and the ones the
+        training pods' subdomains name."""
+        names = set(self.subdomains)
+        if self.policy is not None:
+            names.add(self.policy.service)
+        return names
+
+    def subdomain(self, doc: _Doc, pod: YamlPath, found: Any, why: str) -> Iterator[Finding]:
+        """The pod template's ``subdomain`` at ``pod``: an error when it names no Service of a
+        file that has Services, an info when it names a renamed one, else compared with the
+        policy."""
+        p = self.policy
+        assert p is not None
+        path = (*pod, "subdomain")
+        if isinstance(found, str) and self.services and found not in self.services:
+            services = ", ".join(sorted(self.services))
+            yield self.finding(
+                "error",
+                "manifest-subdomain",
+                doc,
+                path,
+                found,
+                f"names no Service of this file (Services: {services}): the pods' DNS names "
+                f"<hostname>.{found}... never resolve, so every pod waits [rendezvous] dns_timeout "
+                "and exits 3. A Kustomize namePrefix or nameSuffix renames the Service but not "
+                "this field",
+                "make Kustomize rename it with the Service: add the nameReference configuration "
+                'of docs/kubernetes.md, "Kustomize", or set it to the Service\'s name',
+            )
+        elif isinstance(found, str) and found in self.services:
+            yield from self.renamed(doc, path, found, p.service, "[rendezvous] service")
+        else:
+            yield from self.mismatch(doc, path, found, p.service, "[rendezvous] service", why)
+
+    def job_name(self, doc: _Doc, path: YamlPath, base: Any, what: str) -> Iterator[Finding]:
+        """An error when ``base``, what the pods' hostnames are made of (``<base>-<index>``), does
+        not hold ``[job] name``: the pods would not know their own hostnames for the job's."""
+        p = self.policy
+        if p is None or not isinstance(base, str):
+            return
+        last = f"{base}-{p.rendezvous.nodes - 1}"
+        if p.job.name in base and len(last) > _HOSTNAME_LIMIT:
+            yield self.finding(
+                "error",
+                "manifest-job-name",
+                doc,
+                path,
+                _get(doc.data, path),
+                f"{what} {base}-<index>, and the last pod's hostname {last} is longer than "
+                f"{_HOSTNAME_LIMIT} characters, which Kubernetes does not allow: that pod is never "
+                "created, and the others wait for it",
+                "use a shorter prefix or suffix, or a shorter [job] name",
+            )
+        if p.job.name in base:
+            return
+        yield self.finding(
+            "error",
+            "manifest-job-name",
+            doc,
+            path,
+            _get(doc.data, path),
+            f"{what} {base}-<index>, which does not hold [job] name = {toml_value(p.job.name)}: "
+            f"nvtrain takes pod 0's name from a hostname only when it holds the job name, so the "
+            f"pods dial {p.job.name}-0, which does not exist, and exit 3",
+            "keep the job name in the Job's name (a Kustomize namePrefix or nameSuffix does), "
+            f"or set [job] name to the new name and {self.rerender}",
+        )
+
     # -- one document ---------------------------------------------------------------------------
 
     def document(self, doc: _Doc) -> Iterator[Finding]:
         kind = doc.data.get("kind")
         p = self.policy
         namespace = _get(doc.data, ("metadata", "namespace"))
-        if p is not None and namespace is not _MISSING:
-            yield from self.mismatch(
+        workload = kind == "JobSet" or (kind == "Job" and not self.is_control(doc))
+        if p is not None and namespace is not _MISSING and workload:
+            # Said once, on the workload: an object in another namespace is an error of its own.
+            yield from self.renamed(
                 doc,
                 ("metadata", "namespace"),
                 namespace,
                 p.rendezvous.namespace,
                 "[rendezvous] namespace",
-                "the pods look their peers up by DNS names in the policy's namespace",
             )
         if kind == "Job" and self.is_control(doc):
             yield from self.control_job(doc)
         elif kind == "Job":
+            yield from self.job_name(
+                doc, ("metadata", "name"), _get(doc.data, ("metadata", "name")), "the pods are named"
+            )
             yield from self.job_spec(doc, ("spec",))
         elif kind == "JobSet":
             yield from self.jobset(doc)
-        elif kind == "Service" and p is not None and _get(doc.data, ("metadata", "name")) == p.service:
+        elif kind == "Service" and p is not None and _get(doc.data, ("metadata", "name")) in self.dialled():
             ports = _get(doc.data, ("spec", "ports"))
             for i, port in enumerate(ports if isinstance(ports, list) else []):
                 if isinstance(port, dict) and port.get("name") == "rendezvous":
@@ -223,20 +339,6 @@ class _Checker:
 
     def jobset(self, doc: _Doc) -> Iterator[Finding]:
         p = self.policy
-        if p is not None and has_control_job(p):
-            yield self.finding(
-                "warning",
-                "manifest-mismatch",
-                doc,
-                ("kind",),
-                "JobSet",
-                '[rendezvous] store = "control" needs the control pod '
-                f"{control_job_name(p)} beside the training pods, and a JobSet cannot hold it: "
-                "JobSet names its pods itself and its Service selects pods by JobSet name, so "
-                f"{control_name(p)} would never resolve",
-                "render the plain Job (`nvtrain manifest` without --jobset), or set "
-                'store = "pod0" in [rendezvous] and re-render',
-            )
         if p is not None:
             yield from self.mismatch(
                 doc,
@@ -251,18 +353,51 @@ class _Checker:
         if not isinstance(replicated, list) or not replicated:
             yield self.shape(doc, ("spec", "replicatedJobs"), "has no replicated Job (a non-empty list)")
             return
+        jobset_name = _get(doc.data, ("metadata", "name"))
+        controls = [i for i in range(len(replicated)) if self.is_control_replicated(doc, i)]
+        if len(controls) == len(replicated):
+            yield self.shape(
+                doc,
+                ("spec", "replicatedJobs"),
+                "has no replicated job of training pods, only the control pod's (`nvtrain control`)",
+            )
         for i in range(len(replicated)):
+            at: YamlPath = ("spec", "replicatedJobs", i)
+            if i in controls:
+                yield from self.control_replicated(doc, at)
+                continue
+            rj_name = _get(doc.data, (*at, "name"))
+            if isinstance(jobset_name, str) and isinstance(rj_name, str):
+                yield from self.job_name(
+                    doc,
+                    ("metadata", "name"),
+                    f"{jobset_name}-{rj_name}-0",
+                    f"JobSet names the pods of replicated job {rj_name!r}",
+                )
             if p is not None:
-                replicas = _get(doc.data, ("spec", "replicatedJobs", i, "replicas"))
+                replicas = _get(doc.data, (*at, "replicas"))
                 yield from self.mismatch(
                     doc,
-                    ("spec", "replicatedJobs", i, "replicas"),
+                    (*at, "replicas"),
                     1 if replicas is _MISSING else replicas,  # JobSet's default
                     1,
                     f"[rendezvous] nodes = {p.rendezvous.nodes} (one Job with a pod per node)",
                     f"the pods of further replicas would never join the rendezvous of pod {p.job.name}-0",
                 )
-            yield from self.job_spec(doc, ("spec", "replicatedJobs", i, "template", "spec"))
+            yield from self.job_spec(doc, (*at, "template", "spec"))
+        if p is not None and has_control_job(p) and not controls:
+            yield self.finding(
+                "warning",
+                "manifest-mismatch",
+                doc,
+                ("spec", "replicatedJobs"),
+                _MISSING,
+                f"has no replicated job {CONTROL_SUFFIX!r} for the control pod {control_job_name(p)}: "
+                '[rendezvous] store = "control" runs the rendezvous store in that pod: the training '
+                f"pods wait for {control_name(p)} to resolve and exit 3 when [rendezvous] "
+                "dns_timeout has passed",
+                self.rerender,
+            )
 
     def job_spec(self, doc: _Doc, at: YamlPath) -> Iterator[Finding]:
         p = self.policy
@@ -288,14 +423,22 @@ class _Checker:
         yield from self.grace(doc, (*pod, "terminationGracePeriodSeconds"))
         if p is None:
             return
-        yield from self.mismatch(
-            doc,
-            (*pod, "subdomain"),
-            spec.get("subdomain", _MISSING),
-            p.service,
-            "[rendezvous] service",
-            "the pods dial pod 0 as <name>-0.<service>, a name that exists only with this subdomain",
-        )
+        if doc.data.get("kind") == "JobSet":  # JobSet sets the pods' subdomain itself
+            yield from self.mismatch(
+                doc,
+                (*pod, "subdomain"),
+                spec.get("subdomain", _MISSING),
+                p.service,
+                "[rendezvous] service",
+                "the pods dial pod 0 as <name>-0.<service>, a name that exists only with this subdomain",
+            )
+        else:
+            yield from self.subdomain(
+                doc,
+                pod,
+                spec.get("subdomain", _MISSING),
+                "the pods dial pod 0 as <name>-0.<service>, a name that exists only with this subdomain",
+            )
         yield from self.ports(doc, pod, spec, "the rendezvous store on pod 0 listens on the policy's port")
 
     def ports(self, doc: _Doc, pod: YamlPath, spec: dict[str, Any], why: str) -> Iterator[Finding]:
@@ -326,42 +469,112 @@ class _Checker:
         containers = _get(doc.data, ("spec", "template", "spec", "containers"))
         return isinstance(containers, list) and any(_runs_control(c) for c in containers)
 
+    def is_control_replicated(self, doc: _Doc, index: int) -> bool:
+        """Replicated job ``index`` of a JobSet is the control pod's: it is named ``control``
+        and the policy has the control store (with ``store = "pod0"`` the training pods'
+        replicated job may have that name), or, whatever its name, its pod runs ``nvtrain control``."""
+        p = self.policy
+        at: YamlPath = ("spec", "replicatedJobs", index)
+        if p is not None and has_control_job(p) and _get(doc.data, (*at, "name")) == CONTROL_SUFFIX:
+            return True
+        containers = _get(doc.data, (*at, "template", "spec", "template", "spec", "containers"))
+        return isinstance(containers, list) and any(_runs_control(c) for c in containers)
+
     def control_job(self, doc: _Doc) -> Iterator[Finding]:
-        """The control Job against the policy. It saves no checkpoint, so its grace period is
-        not compared with the timings; without a valid policy there is nothing else to compare."""
+        """The plain control Job (``nvtrain manifest`` without ``--jobset``)."""
+        yield from self.control_pod(doc, ("spec",), ("metadata", "name"), jobset=False)
+
+    def control_replicated(self, doc: _Doc, at: YamlPath) -> Iterator[Finding]:
+        """The control replicated job of a JobSet at ``at``: one replica, then the checks of the
+        control Job. Not the training pods' checks: it has one pod whatever the node count, and
+        its pod's hostname is its own (``<job>-control``), not one that JobSet makes of names."""
+        p = self.policy
+        if p is not None and has_control_job(p):
+            replicas = _get(doc.data, (*at, "replicas"))
+            yield from self.mismatch(
+                doc,
+                (*at, "replicas"),
+                1 if replicas is _MISSING else replicas,  # JobSet's default
+                1,
+                '[rendezvous] store = "control" (one control pod)',
+                f"the pod of every replica would be {control_job_name(p)}, each with a rendezvous "
+                "store of its own, and the training pods would not all meet in the same one",
+            )
+        yield from self.control_pod(doc, (*at, "template", "spec"), (*at, "name"), jobset=True)
+
+    def control_pod(self, doc: _Doc, job: YamlPath, name: YamlPath, *, jobset: bool) -> Iterator[Finding]:
+        """The control Job whose spec is at ``job`` (named at ``name``) against the policy. It
+        saves no checkpoint, so its grace period is not compared with the timings; without a
+        valid policy there is nothing else to compare."""
         p = self.policy
         if p is None:
             return
         r = p.rendezvous
+        what = "replicated job" if jobset else "Job"
         if not has_control_job(p):
             yield self.finding(
                 "warning",
                 "manifest-mismatch",
                 doc,
-                ("metadata", "name"),
-                _get(doc.data, ("metadata", "name")),
-                "is a control Job, which nvtrain renders only with [rendezvous] store = "
+                name,
+                _get(doc.data, name),
+                f"is a control {what}, which nvtrain renders only with [rendezvous] store = "
                 f'"control" and 2 or more nodes (the policy has store = "{r.store}", nodes = '
                 f"{r.nodes}): the training pods never dial its store, and its pod only waits",
-                f"delete this Job from the file, or {self.rerender}",
+                f"delete this {what} from the {'JobSet' if jobset else 'file'}, or {self.rerender}",
             )
-            return
-        template = ("spec", "template")
-        pod = (*template, "spec")
-        spec = _get(doc.data, pod)
-        if not isinstance(spec, dict):
-            yield self.shape(doc, pod, "has no pod template (a mapping)")
             return
         dns = (
             f"the training pods dial the rendezvous store at {control_name(p)}, a name that the "
             "control pod has only with this hostname and subdomain"
         )
+        mode = _get(doc.data, (*job, "completionMode"))
+        yield from self.mismatch(
+            doc,
+            (*job, "completionMode"),
+            "NonIndexed" if mode is _MISSING and not jobset else mode,  # Job's default; JobSet's is Indexed
+            "NonIndexed",
+            '[rendezvous] store = "control"',
+            "the Job controller gives the pod of an Indexed Job the hostname <Job name>-<index>, "
+            f"whatever its template says, so {control_name(p)} would not resolve"
+            + ("; JobSet makes a replicated job Indexed when this is not set" if jobset else ""),
+        )
+        template = (*job, "template")
+        pod = (*template, "spec")
+        spec = _get(doc.data, pod)
+        if not isinstance(spec, dict):
+            yield self.shape(doc, pod, "has no pod template (a mapping)")
+            return
         yield from self.mismatch(
             doc, (*pod, "hostname"), spec.get("hostname", _MISSING), control_job_name(p), "[job] name", dns
         )
-        yield from self.mismatch(
-            doc, (*pod, "subdomain"), spec.get("subdomain", _MISSING), p.service, "[rendezvous] service", dns
-        )
+        found = spec.get("subdomain", _MISSING)
+        if jobset:  # JobSet sets the pods' subdomain itself, as for the training pods
+            yield from self.mismatch(doc, (*pod, "subdomain"), found, p.service, "[rendezvous] service", dns)
+        elif isinstance(found, str) and self.subdomains and found not in self.subdomains:
+            yield self.finding(
+                "error",
+                "manifest-subdomain",
+                doc,
+                (*pod, "subdomain"),
+                found,
+                f"is not the training pods' subdomain ({toml_value(self.subdomains[0])}): they dial "
+                f"the control pod as {control_job_name(p)}.<their subdomain>..., a name it does not have",
+                "give the control pod the training pods' subdomain (the nameReference configuration "
+                'of docs/kubernetes.md, "Kustomize", renames both)',
+            )
+        else:
+            yield from self.subdomain(doc, pod, found, dns)
+        if jobset:  # JobSet's own headless Service selects its pods by the JobSet's name
+            selected = (
+                "the NetworkPolicy covers the job's pods by this label: without it the control "
+                "pod's rendezvous store, which has no authentication, is open to every pod"
+            )
+        else:
+            selected = (
+                f"the headless Service selects the job's pods by this label: without it {control_name(p)} "
+                "does not resolve, and the NetworkPolicy does not cover the control pod"
+            )
         labels = _get(doc.data, (*template, "metadata", "labels"))
         for key, value in selector(p).items():
             found = labels.get(key, _MISSING) if isinstance(labels, dict) else _MISSING
@@ -371,8 +584,7 @@ class _Checker:
                 found,
                 value,
                 "[job] name" if key == "app.kubernetes.io/instance" else "nvtrain's Service selector",
-                f"the headless Service selects the job's pods by this label: without it {control_name(p)} "
-                "does not resolve, and the NetworkPolicy does not cover the control pod",
+                selected,
             )
         containers = spec.get("containers")
         containers = containers if isinstance(containers, list) else []
@@ -532,6 +744,29 @@ def _documents(text: str, source: str) -> tuple[list[_Doc], Finding | None]:
     return docs, None
 
 
+def _read(path: Path) -> tuple[list[_Doc], Finding | None]:
+    """The documents of the manifest at ``path``, or the finding that says why it cannot be read."""
+    source = str(path)
+    raw, problem = read_source(path, "check the path, or write the file with `nvtrain manifest -o FILE`")
+    if raw is None:
+        assert problem is not None
+        return [], problem
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return [], Finding(
+            "error",
+            "not-utf8",
+            "",
+            None,
+            f"is not UTF-8 text (byte {exc.start} is {raw[exc.start]:#04x})",
+            "save the file as UTF-8, or re-render it with `nvtrain manifest`",
+            file=source,
+            line=raw[: exc.start].count(b"\n") + 1,
+        )
+    return _documents(text, source)
+
+
 def check_manifest(
     path: Path,
     policy: Policy | None = None,
@@ -544,41 +779,56 @@ def check_manifest(
 
     With ``policy``: where the manifest disagrees with what ``nvtrain manifest`` renders from it
     (pods, rendezvous port, Service, namespace, grace period, the control Job of
-    ``[rendezvous] store = "control"``; with ``policy_text`` also the policy in the ConfigMap).
+    ``[rendezvous] store = "control"``; with ``policy_text`` also the policy in the ConfigMap),
+    and where a rename leaves the pods unable to find each other.
     With ``timings``: grace periods of the training pods shorter than the measured checkpoint
     write plus ``GRACE_MARGIN``."""
-    source = str(path)
-    raw, problem = read_source(path, "check the path, or write the file with `nvtrain manifest -o FILE`")
-    if raw is None:
-        assert problem is not None
-        return [problem]
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return [
-            Finding(
-                "error",
-                "not-utf8",
-                "",
-                None,
-                f"is not UTF-8 text (byte {exc.start} is {raw[exc.start]:#04x})",
-                "save the file as UTF-8, or re-render it with `nvtrain manifest`",
-                file=source,
-                line=raw[: exc.start].count(b"\n") + 1,
-            )
-        ]
-    docs, error = _documents(text, source)
+    docs, error = _read(path)
     if error is not None:
         return [error]
+    return _check(str(path), docs, policy, policy_text, policy_source, timings)
+
+
+def _pod_templates(doc: _Doc) -> Iterator[YamlPath]:
+    """Paths of the pod templates of a Job or JobSet."""
+    if doc.data.get("kind") == "Job":
+        yield ("spec", "template")
+    elif doc.data.get("kind") == "JobSet":
+        replicated = _get(doc.data, ("spec", "replicatedJobs"))
+        for i in range(len(replicated) if isinstance(replicated, list) else 0):
+            yield ("spec", "replicatedJobs", i, "template", "spec", "template")
+
+
+def _check(
+    source: str,
+    docs: Sequence[_Doc],
+    policy: Policy | None,
+    policy_text: str | None,
+    policy_source: str,
+    timings: Timings | None,
+) -> list[Finding]:
     jobset = any(d.data.get("kind") == "JobSet" for d in docs)
-    checker = _Checker(source, policy, policy_text, policy_source, timings, jobset)
-    findings = [f for doc in docs for f in checker.document(doc)]
-    findings += checker.missing_control(docs)
+    services = [
+        name
+        for d in docs
+        if d.data.get("kind") == "Service" and isinstance(name := _get(d.data, ("metadata", "name")), str)
+    ]
+    probe = _Checker(source, policy, policy_text, policy_source, timings, jobset)
     workloads = [
         d
         for d in docs
-        if d.data.get("kind") == "JobSet" or (d.data.get("kind") == "Job" and not checker.is_control(d))
+        if d.data.get("kind") == "JobSet" or (d.data.get("kind") == "Job" and not probe.is_control(d))
     ]
+    subdomains = [
+        found
+        for d in workloads
+        if d.data.get("kind") == "Job"
+        and isinstance(found := _get(d.data, ("spec", "template", "spec", "subdomain")), str)
+    ]
+    checker = _Checker(source, policy, policy_text, policy_source, timings, jobset, services, subdomains)
+    findings = [f for doc in docs for f in checker.document(doc)]
+    findings += checker.missing_control(docs)
+    findings += _namespaces(checker, docs, workloads)
     if not workloads:
         only_control = " of training pods" if any(d.data.get("kind") == "Job" for d in docs) else ""
         findings.append(
@@ -595,28 +845,156 @@ def check_manifest(
     return sorted(findings, key=Finding.sort_key)
 
 
+def _namespaces(checker: _Checker, docs: Sequence[_Doc], workloads: Sequence[_Doc]) -> Iterator[Finding]:
+    """An error on every object whose namespace is not the one of most objects (on a tie, the
+    workload's): the pods' DNS names live in their own namespace, and a pod mounts only a
+    ConfigMap of its own namespace. Objects with no namespace go where they are applied."""
+    written = [(d, ns) for d in docs if isinstance(ns := _get(d.data, ("metadata", "namespace")), str)]
+    counts = collections.Counter(ns for _, ns in written)
+    if len(counts) < 2:
+        return
+    own = {ns for d, ns in written if any(d is w for w in workloads)}
+    usual = max(counts, key=lambda ns: (counts[ns], ns in own))
+    for doc, ns in written:
+        if ns != usual:
+            yield checker.finding(
+                "error",
+                "manifest-namespace",
+                doc,
+                ("metadata", "namespace"),
+                ns,
+                f"is not the namespace of the other objects ({toml_value(usual)}): the training "
+                "pods would not find a Service, ConfigMap or control pod of another namespace",
+                "put every object of the file in one namespace (a Kustomize `namespace:` does), "
+                "or render them again",
+            )
+
+
 def _kinds(docs: Sequence[_Doc]) -> str:
     return "objects: " + ", ".join(d.label for d in docs) if docs else "no objects"
 
 
-def with_manifest(
-    result: Validation, manifest: Path, policy: Path | None, timings: Timings | None
-) -> Validation:
-    """``result`` (the validation of ``policy``) with the findings of ``check_manifest`` after
-    its own. Timings problems are already in ``result``; an invalid policy is left out of the
-    comparison."""
-    from nvtrain.config.demo import demo_policy_text
+def _recorded_nvrx(
+    source: str, docs: Sequence[_Doc], wanted: NvrxVersion | None
+) -> tuple[NvrxVersion | None, list[Finding]]:
+    """The NVRx version that ``nvtrain manifest --nvrx`` recorded in the training pods'
+    annotation ``NVRX_ANNOTATION``, or None; an error for a value that is not a version, and a
+    warning when ``wanted`` (``--nvrx``) is another version."""
+    checker = _Checker(source, None, None, "POLICY", None, False)
+    found: list[NvrxVersion] = []
+    problems: list[Finding] = []
+    for doc in docs:
+        if doc.data.get("kind") == "Job" and checker.is_control(doc):
+            continue
+        for template in _pod_templates(doc):
+            path = (*template, "metadata", "annotations", NVRX_ANNOTATION)
+            value = _get(doc.data, path)
+            if value is _MISSING:
+                continue
+            try:
+                if not isinstance(value, str):
+                    raise ValueError(value)
+                version = NvrxVersion.parse(value)
+            except ValueError:
+                problems.append(
+                    checker.finding(
+                        "error",
+                        "manifest-nvrx",
+                        doc,
+                        path,
+                        value,
+                        "is not an NVRx version: it says which NVRx the training image has, and "
+                        "the policy is checked against it",
+                        "render again with `nvtrain manifest POLICY --nvrx VERSION` (the "
+                        "NVRX_VERSION of the image's Dockerfile, e.g. 0.7.0)",
+                    )
+                )
+                continue
+            found.append(version)
+            if wanted is not None and wanted != version:
+                problems.append(
+                    checker.finding(
+                        "warning",
+                        "manifest-nvrx",
+                        doc,
+                        path,
+                        value,
+                        f"the manifest was rendered for NVRx {version}, but --nvrx {wanted} was "
+                        "checked: the pods run the policy with the NVRx of their image",
+                        f"check with --nvrx {version}, or render again with --nvrx {wanted} if the "
+                        "image has that version",
+                    )
+                )
+    return (found[0] if found else None), problems
 
-    usable = result.policy if result.ok else None
-    text: str | None = None
-    if usable is not None:
-        raw = demo_policy_text().encode("utf-8") if policy is None else read_source(policy)[0]
-        text = raw.decode("utf-8", errors="replace") if raw is not None else None
-    found = check_manifest(
-        manifest,
-        usable,
-        policy_text=text,
-        policy_source=str(policy) if policy is not None else "POLICY",
-        timings=timings,
-    )
-    return dataclasses.replace(result, findings=[*result.findings, *found])
+
+def _embedded_policy(docs: Sequence[_Doc]) -> tuple[str, str] | None:
+    """(ConfigMap name, text) of the policy the training pods mount: the ConfigMap named by a
+    workload's ``policy`` volume, else the only ConfigMap holding ``policy.toml``."""
+    maps = {
+        name: text
+        for d in docs
+        if d.data.get("kind") == "ConfigMap"
+        and isinstance(name := _get(d.data, ("metadata", "name")), str)
+        and isinstance(text := _get(d.data, ("data", POLICY_FILE)), str)
+    }
+    for doc in docs:
+        for template in _pod_templates(doc):
+            volumes = _get(doc.data, (*template, "spec", "volumes"))
+            for volume in volumes if isinstance(volumes, list) else []:
+                name = _get(volume, ("configMap", "name"))
+                if isinstance(name, str) and name in maps:
+                    return name, maps[name]
+    return next(iter(maps.items())) if len(maps) == 1 else None
+
+
+def validate_manifest(
+    policy: Path | None,
+    manifest: Path,
+    *,
+    nvrx: NvrxVersion | None = None,
+    timings: Timings | None = None,
+    timings_findings: Sequence[Finding] = (),
+) -> Validation:
+    """``nvtrain validate [POLICY] --manifest FILE``: the policy, then the manifest against it.
+
+    The policy is the file ``policy`` or, without it, the one in the manifest's ConfigMap (the
+    built-in demo policy when the manifest holds none). Its NVRx rules are checked for ``nvrx``
+    (``--nvrx``), else for the version the manifest records (``nvtrain manifest --nvrx``), else
+    for the installed one. The manifest's findings come after the policy's; an invalid policy is
+    left out of the comparison."""
+    from nvtrain.config.demo import demo_policy_text
+    from nvtrain.config.validation import validate_file, validate_source
+
+    docs, error = _read(manifest)
+    recorded, problems = _recorded_nvrx(str(manifest), docs, nvrx)
+    version: NvrxVersion | Literal["installed"] = nvrx or recorded or "installed"
+    embedded = _embedded_policy(docs) if policy is None else None
+    if embedded is not None:
+        name, text = embedded
+        result = validate_source(
+            text,
+            f"{manifest} (ConfigMap {name})",
+            nvrx=version,
+            timings=timings,
+            timings_findings=timings_findings,
+        )
+    else:
+        result = validate_file(policy, nvrx=version, timings=timings, timings_findings=timings_findings)
+        text = None
+        if result.ok:
+            raw = demo_policy_text().encode("utf-8") if policy is None else read_source(policy)[0]
+            text = raw.decode("utf-8", errors="replace") if raw is not None else None
+    if error is not None:
+        found = [error]
+    else:
+        found = _check(
+            str(manifest),
+            docs,
+            result.policy if result.ok else None,
+            text if result.ok else None,
+            str(policy) if policy is not None else "POLICY",
+            timings,
+        )
+    findings = [*result.findings, *sorted([*problems, *found], key=Finding.sort_key)]
+    return dataclasses.replace(result, findings=findings)

@@ -35,26 +35,22 @@ from nvtrain.config.timings import Measure, Timings
 from nvtrain.errors import UsageError
 from nvtrain.events.records import Event
 from nvtrain.runlog import (
-    EVENTS_FILE,
     ORIGINS,
     Layer,
     Origin,
     Recovery,
     RunLog,
-    events_file,
     loads_by_origin,
     read_log,
     recovery_origins,
 )
 
 __all__ = [
-    "EVENTS_FILE",
     "Layer",
     "Measured",
     "Origin",
     "OriginLoads",
     "Recovery",
-    "events_file",
     "measure_events",
     "read_measured",
 ]
