@@ -24,22 +24,3 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name in CLEARED_NAMES or name.startswith(CLEARED_PREFIXES):
             monkeypatch.delenv(name)
-
-
-def _weight(item: pytest.Item) -> float:
-    """How long ``item``'s file may run: the timeout of its slow tests (0 for the fast ones)."""
-    if item.get_closest_marker("slow") is None:
-        return 0.0
-    timeout = item.get_closest_marker("timeout")
-    return float(timeout.args[0]) if timeout and timeout.args else 60.0
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest test files first: with pytest-xdist's ``--dist loadfile`` each file goes to the
-    next free worker in this order, so no long file starts last and runs on alone at the end.
-    The order within a file is kept (module fixtures stay together)."""
-    weights: dict[str, float] = {}
-    for item in items:
-        file = item.nodeid.split("::")[0]
-        weights[file] = max(weights.get(file, 0.0), _weight(item))
-    items.sort(key=lambda item: -weights[item.nodeid.split("::")[0]])

@@ -49,6 +49,7 @@ from nvtrain.launcher.outcome import Outcome
 from nvtrain.launcher.rundir import prepare
 from nvtrain.launcher.supervisor import POLL_INTERVAL, STOP_GRACE, Launcher, Supervisor
 from nvtrain.nvrx import NvrxVersion
+from nvtrain.runlog import pod_events_file
 
 V041, V070 = NvrxVersion.parse("0.4.1"), NvrxVersion.parse("0.7.0")
 E = TypeVar("E", bound=Event)
@@ -692,7 +693,7 @@ def test_restarts_are_the_round_the_workers_report(tmp_path: Path) -> None:
 
 def test_what_an_earlier_life_of_the_pod_logged_is_not_read(tmp_path: Path) -> None:
     # The same run and node: the pod was replaced. Its workers' pids are reused by now.
-    events = tmp_path / "ckpt" / RUN_ID / "events.jsonl"
+    events = pod_events_file(tmp_path / "ckpt" / RUN_ID, 0)  # this pod's log
     old = EventLog(events, run_id=RUN_ID, source="worker", pid=5001)
     old.emit(WorkerStart(rank=1, restart_count=4))
     old.emit(WorkerStopped(rank=1, signal="SIGTERM"))
