@@ -9,11 +9,16 @@ them is missing the whole directory is skipped with a loud reason; with
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from netns_pods import Cluster, cleanup_stale, environment_problem
+
+# The worker tests' helpers (``worker_helpers``: the shared clean demo runs) are importable here
+# too, also when this directory runs alone.
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "worker"))
 
 # Read at import time: the root conftest clears NVTRAIN_* variables around each test.
 _REQUIRE = os.environ.get("NVTRAIN_MULTINODE", "").strip().lower() == "require"

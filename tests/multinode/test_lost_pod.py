@@ -3,7 +3,8 @@ namespaces, real dnsmasq, real ``nvtrain run`` + ft_launcher, gloo), each pod wi
 ``/dev/shm``. Every rank's host copy is also kept by the rank of the other pod
 (``[checkpoint] peer_copy``). Pod 1 dies whole (its processes and its memory) and a new pod 1
 joins: its ranks restore from the copies pod 0 kept, pod 0's ranks from their own, and the run
-ends bitwise where the same run without the loss ends.
+ends bitwise where the same run without the loss ends (the clean 4-rank demo run that the fault
+matrices compare with too).
 
 To lose the pod at a known point, rank 0 hangs right after the save of step 20 (the other ranks
 then wait in the next step's collective; the heartbeat and collective timeouts are longer than
@@ -21,14 +22,15 @@ from typing import Any
 import pytest
 from netns_pods import Cluster, namespace_pids, policy_toml
 from test_run_multinode import events_of, read_events, wait_exit, wait_until
+from worker_helpers import assert_clean_exit, clean_demo_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-NODES, NPROC, STEPS, SAVED = 2, 2, 40, 20
+NODES, NPROC, STEPS, SAVED = 2, 2, 60, 20
 FINGERPRINT = re.compile(r"DEMO rank (\d+) finished fingerprint ([0-9a-f]{16})")
 
 
-def _policy(cluster: Cluster, path: Path, checkpoints: Path, *, hang: bool) -> Path:
+def _policy(cluster: Cluster, path: Path, checkpoints: Path) -> Path:
     text = policy_toml(
         job=cluster.job,
         nodes=NODES,
@@ -43,8 +45,7 @@ def _policy(cluster: Cluster, path: Path, checkpoints: Path, *, hang: bool) -> P
     text = text.replace('timeout = "10s"\nmonitor_interval', 'timeout = "30s"\nmonitor_interval')
     text = text.replace("[job]\n", '[job]\nbackend = "gloo"\n', 1)
     text += "async = true\npeer_copy = true\n"
-    if hang:
-        text += f'\n[[faults]]\nstep = {SAVED}\nrank = 0\nkind = "hang"\n'
+    text += f'\n[[faults]]\nstep = {SAVED}\nrank = 0\nkind = "hang"\n'
     path.write_text(text)
     return path
 
@@ -56,20 +57,17 @@ def _fingerprints(logs: str) -> dict[int, str]:
     return prints
 
 
-def test_a_lost_pod_restores_from_its_peers_copies_bitwise(cluster: Cluster, tmp_path: Path) -> None:
+def test_a_lost_pod_restores_from_its_peers_copies_bitwise(
+    cluster: Cluster, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    reference = clean_demo_run(tmp_path_factory, ranks=NODES * NPROC, steps=STEPS)
+    assert_clean_exit(reference)
+    clean = reference.fingerprints()
+    assert sorted(clean) == list(range(NODES * NPROC)), reference.describe()
+
     checkpoints = tmp_path / "checkpoints"
-    deadline = time.monotonic() + 270
-
-    clean_policy = _policy(cluster, tmp_path / "clean.toml", checkpoints, hang=False)
-    pods = [cluster.start_nvtrain(i, clean_policy, run_id="clean", publish=True) for i in range(NODES)]
-    codes = wait_exit(pods, deadline - 180)
-    assert codes == {0: 0, 1: 0}, f"clean run: {codes}\n{cluster.describe()}"
-    clean = _fingerprints("\n".join(p.log() for p in pods))
-    assert sorted(clean) == list(range(NODES * NPROC)), cluster.describe()
-    for pod in pods:
-        cluster.kill_pod(pod.index)
-
-    policy = _policy(cluster, tmp_path / "lost.toml", checkpoints, hang=True)
+    deadline = time.monotonic() + 240
+    policy = _policy(cluster, tmp_path / "lost.toml", checkpoints)
     events_path = checkpoints / "lost"  # the run directory: both pods' events logs
     for i in range(NODES):
         cluster.start_nvtrain(i, policy, run_id="lost", publish=True)
@@ -93,7 +91,7 @@ def test_a_lost_pod_restores_from_its_peers_copies_bitwise(cluster: Cluster, tmp
 
     codes = wait_exit([cluster.pods[0], new], deadline)
     assert codes == {0: 0, 1: 0}, f"exit codes {codes}\n{cluster.describe()}"
-    lost = _fingerprints("\n".join(p.log() for p in cluster.history if p.ns != pods[0].ns))
+    lost = _fingerprints("\n".join(p.log() for p in cluster.history))  # the killed pod 1 printed none
     assert lost == clean, f"{lost} != {clean}\n{cluster.describe()}"
     assert {i: namespace_pids(cluster.pods[i].ns) for i in range(NODES)} == {0: [], 1: []}
 

@@ -6,20 +6,26 @@ NVRx in-process restart) through one fault of every kind that matters for the su
   out at once (no stop-timeout wait), whatever they were doing;
 - an exception and a hang (in Python): the in-process layer restarts all four ranks.
 
-After the run: the state is bitwise the one of the same run without faults (every restore,
-after a SIGKILL too, read the host copy in /dev/shm), nothing the run started (nor its host
-copies) is left, and no recovery phase in ``nvtrain report`` waited out a stop timeout. The
-2-rank variant of the same checks lives in ``test_recovery.py``; 2 pods x 2 ranks in
+The faulty run has ``[job] warm_start = true``: the workers that replace a killed group are
+forked from the warm-start server, and ft_launcher knows each by the pid it started (the
+client). The clean run starts cold, as by default: after the run the warm, faulty state is
+bitwise the cold, clean one (every restore, after a SIGKILL too, read the host copy in
+/dev/shm), nothing the run started (nor the server, nor the host copies) is left, and no
+recovery phase in ``nvtrain report`` waited out a stop timeout. The 2-rank variant of the same
+checks, cold, lives in ``test_recovery.py``; 2 pods x 2 ranks, cold, in
 ``tests/multinode/test_fault_matrix_pods.py``.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 from worker_helpers import (
     RunResult,
     assert_clean_exit,
     assert_no_stop_timeout_waited,
+    clean_demo_run,
     demo_tables,
     run_nvtrain,
     write_policy,
@@ -49,9 +55,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
     root = tmp_path_factory.mktemp("matrix")
     checkpoints = root / "ckpt"
     policy = demo_tables(checkpoints, name="fault-matrix", ranks=RANKS, steps=STEPS)
-    clean_policy = write_policy(root / "clean.toml", policy)
+    policy["job"]["warm_start"] = True
     faulty_policy = write_policy(root / "faulty.toml", policy, FAULTS)
-    clean = run_nvtrain(clean_policy, "clean", checkpoints, root, RUN_TIMEOUT)
+    # The clean run (cold) is shared with the 2-pod matrix and the lost pod (same world, steps).
+    clean = clean_demo_run(tmp_path_factory, ranks=RANKS, steps=STEPS)
     faulty = run_nvtrain(faulty_policy, "faulty", checkpoints, root, RUN_TIMEOUT)
     print(f"clean run {clean.seconds:.0f}s, faulty run {faulty.seconds:.0f}s")
     return {"clean": clean, "faulty": faulty}
@@ -63,6 +70,43 @@ def test_every_fault_recovered_to_the_clean_runs_state(runs: dict[str, RunResult
     assert_clean_exit(faulty)
     assert sorted(clean.fingerprints()) == list(range(RANKS)), clean.describe()
     assert faulty.fingerprints() == clean.fingerprints(), faulty.describe()
+    assert "warm start: off" not in faulty.output
+
+
+def test_the_clean_run_logs_its_life_and_no_failure(runs: dict[str, RunResult]) -> None:
+    """The fault-free run's events log: the launcher's start first, a rendezvous, its exit 0
+    last; no worker failed, nothing restarted, and every launcher event names the run."""
+    clean = runs["clean"]
+    events = clean.events
+    names = [e["event"] for e in events]
+    assert names[0] == "launcher_start" and names[-1] == "launcher_exit", names
+    assert "rendezvous_done" in names, names
+    assert events[-1]["exit_code"] == 0
+    assert not {"worker_failed", "restart_begin", "fault_injected"} & set(names), names
+    launcher = [e for e in events if e.get("source") == "launcher"]
+    assert {e["run_id"] for e in launcher} == {"clean"}
+    assert "--rdzv-id=clean" in events[0]["argv"]
+
+
+def _after(events: list[dict[str, Any]], name: str, ts: float) -> list[dict[str, Any]]:
+    return [e for e in events if e["event"] == name and e["ts"] > ts]
+
+
+def test_replacement_workers_are_forked_warm_and_known_by_their_clients_pid(
+    runs: dict[str, RunResult],
+) -> None:
+    events = runs["faulty"].events
+    started = {e["pid"] for e in events if e["event"] == "worker_start"}
+    hard = [e for e in events if e["event"] == "fault_injected" and e["kind"] not in IN_PROCESS]
+    assert len(hard) == len([f for f in FAULTS if f["kind"] not in IN_PROCESS]), hard
+    for fault in hard:
+        # Under load a survivor's failure may be logged before the killed worker's: find the
+        # killed pid among the failures that follow the fault, in whatever order they came.
+        failed = [e for e in _after(events, "worker_failed", fault["ts"]) if e["worker_pid"] == fault["pid"]]
+        assert failed, (fault, _after(events, "worker_failed", fault["ts"])[:RANKS])
+        assert fault["pid"] in started  # the pid ft_launcher reported is the one the worker logged
+        replacements = _after(events, "worker_start", failed[0]["ts"])[:RANKS]
+        assert len(replacements) == RANKS and all(e.get("warm") is True for e in replacements), replacements
 
 
 def test_each_fault_fired_once_and_was_recovered_by_its_layer(runs: dict[str, RunResult]) -> None:

@@ -8,6 +8,8 @@ still carrying it, whoever its parent is by then, so a failing test leaves nothi
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
 import os
 import re
 import shutil
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from nvtrain.events import read_events as events_in
 from nvtrain.findings import toml_value
@@ -306,3 +309,40 @@ def demo_tables(checkpoint_dir: Path, *, name: str, ranks: int, steps: int) -> d
         "restart.in_job": {"max_restarts": 5},
         "checkpoint": {"dir": str(checkpoint_dir), "interval": 5, "async": True, "keep": 2},
     }
+
+
+def clean_demo_run(tmp_path_factory: pytest.TempPathFactory, *, ranks: int, steps: int) -> RunResult:
+    """The fault-free reference of the demo (``demo_tables``) with ``ranks`` ranks on one node and
+    ``steps`` steps, run once per test session and shared by every module that compares a faulty
+    run with it, whichever xdist process asks first (the others wait on a file lock).
+
+    The demo's state after step N depends only on N and the world size (each rank's batches come
+    from (step, rank)): the same run on 2 pods x 2 ranks ends with the same fingerprints as on
+    one node with 4 ranks. It is an ordinary cold ``nvtrain run`` in its own folder, checked by
+    the callers like any other run (exit code, leftovers, fingerprints)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the session's folder, shared by the xdist processes
+    root = base / f"clean-demo-{ranks}x{steps}"
+    root.mkdir(exist_ok=True)
+    summary = root / "result.json"
+    with (root / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        if not summary.exists():
+            checkpoints = root / "ckpt"
+            tables = demo_tables(checkpoints, name="clean-demo", ranks=ranks, steps=steps)
+            run = run_nvtrain(write_policy(root / "clean.toml", tables), "clean", checkpoints, root, 200)
+            result = {
+                "code": run.code,
+                "output": run.output,
+                "run_dir": str(run.run_dir),
+                "seconds": run.seconds,
+                "leftovers": run.leftovers,
+            }
+            tmp = summary.with_suffix(".tmp")
+            tmp.write_text(json.dumps(result), encoding="utf-8")
+            tmp.replace(summary)
+    saved = json.loads(summary.read_text(encoding="utf-8"))
+    return RunResult(
+        saved["code"], saved["output"], Path(saved["run_dir"]), saved["seconds"], saved["leftovers"]
+    )
