@@ -8,6 +8,9 @@ The pods are named as Kubernetes names them then (hostname ``exp1-trainer-<i>``,
 only the renamed records: the policy's names do not exist, so a pod that dialled them would wait
 ``[rendezvous] dns_timeout`` and exit 3. dnsmasq logs every query, which shows that none was
 asked for.
+
+The pods also start before their DNS records exist, as on Kubernetes, where the records of a
+headless Service come some seconds after the pods: they wait for them, then train to the end.
 """
 
 from __future__ import annotations
@@ -47,8 +50,12 @@ def test_a_renamed_job_finds_its_peers(netns_available: None, tmp_path: Path) ->
         policy.write_text(
             policy_toml(job=JOB, nodes=NODES, nproc_per_node=NPROC, steps=STEPS, checkpoint_dir=checkpoints)
         )
-        pods = [cluster.start_nvtrain(i, policy, run_id=RUN_ID, publish=True) for i in range(NODES)]
+        pods = [cluster.start_nvtrain(i, policy, run_id=RUN_ID) for i in range(NODES)]
         assert [p.hostname for p in pods] == [f"{renamed}-{i}" for i in range(NODES)]
+        time.sleep(5)  # the records come late (not a synchronisation: the scenario's delay)
+        published = time.time()
+        for pod in pods:
+            cluster.publish(pod)
 
         codes = wait_exit(pods, time.monotonic() + BUDGET)
         assert codes == {0: 0, 1: 0}, f"exit codes {codes}\n{cluster.describe()}"
@@ -63,9 +70,15 @@ def test_a_renamed_job_finds_its_peers(netns_available: None, tmp_path: Path) ->
         assert {(e["name"], tuple(e["addresses"])) for e in resolved} == {(pod0, (pods[0].address,))}, (
             resolved
         )
+        # Pod 0 finds its own name in /etc/hosts (the kubelet writes it there); pod 1 must wait
+        # for DNS.
+        assert resolved[0]["ts"] >= published - 0.5, "resolved before the record existed"
         for node in range(NODES):
+            own = events_of(events, "dns_resolved", node)
+            assert own and own[0]["name"] == pod0 and own[0]["addresses"] == [pods[0].address], own
             done = events_of(events, "rendezvous_done", node)
             assert done and done[-1]["nodes"] == NODES, f"node {node}: {done}"
+            assert events_of(events, "launcher_exit", node)[-1]["exit_code"] == 0
 
         # Pod 1 asked DNS for pod 0's renamed name, and nobody asked for one of the policy's
         # (first label "trainer" or "trainer-<i>", or the namespace "default").

@@ -1,6 +1,7 @@
 """The proof that recovery is correct: a 2-rank FSDP2 demo run through seven injected faults of
 different kinds ends bitwise where the same run without faults ends, with the same loss at
-every step, and the events log shows which layer recovered each fault.
+every step, and the events log shows which layer recovered each fault; ``tune-interval
+--from-run`` reads the faulty run's timings.
 
 Both runs are real ``nvtrain run`` jobs (ft_launcher, 2 gloo ranks, NVRx in-process restart),
 started once for the module; each test below checks one property of the pair.
@@ -8,11 +9,13 @@ started once for the module; each test below checks one property of the pair.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 from worker_helpers import (
     RunResult,
     assert_clean_exit,
@@ -21,6 +24,8 @@ from worker_helpers import (
     run_nvtrain,
     write_policy,
 )
+
+from nvtrain.cli import app
 
 # One fixture runs both jobs (about 2 minutes on an idle 2-core machine); the test that sets
 # it up pays for it, hence the longer timeout.
@@ -303,3 +308,30 @@ def test_no_survivor_waits_out_a_stop_timeout_and_nothing_is_left(runs: dict[str
     assert_clean_exit(runs["clean"])
     assert_clean_exit(runs["faulty"])
     assert_no_stop_timeout_waited(runs["faulty"], 5.0)
+
+
+def test_tune_interval_reads_the_recovered_runs_timings(runs: dict[str, RunResult], tmp_path: Path) -> None:
+    """``nvtrain tune-interval --from-run`` on the faulty run's directory: it measures the steps,
+    the saves and the restarts of each layer from the events log and recommends an interval."""
+    faulty = _ok(runs["faulty"])
+    policy = write_policy(tmp_path / "faulty.toml", _tables(tmp_path / "ckpt"), FAULTS)
+    runner = CliRunner()
+    args = ["tune-interval", "--from-run", str(faulty.run_dir), "--mtbf", "6h", "--policy", str(policy)]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    counts = data["measured"]["counts"]
+    assert counts["step"] >= 4 and counts["save_block"] >= 4 and counts["save_write"] >= 2, counts
+    in_process = sum(1 for f in FAULTS if f["kind"] in ("exception", "hang", "collective_hang"))
+    assert (counts["restart_in_process"], counts["restart_in_job"]) == (in_process, len(FAULTS) - in_process)
+    assert data["inputs"]["from"]["restart"].startswith("measured: in-job"), data["inputs"]["from"]
+    assert 0 < data["inputs"]["step_s"] < 5
+    best = data["recommended"]["async"]
+    assert best["interval_steps"] >= best["floor_steps"]
+    assert data["current"]["interval_steps"] == 5
+    for outcome in (best, data["current"]["async"], data["current"]["sync"]):
+        assert 0.0 <= outcome["efficiency"] <= 1.0
+
+    shown = runner.invoke(app, args)
+    assert shown.exit_code == 0, shown.output
+    assert "recommended  async" in shown.stdout and "current      async" in shown.stdout
