@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ import pytest
 from nvtrain.events import read_events as events_in
 from nvtrain.findings import toml_value
 from nvtrain.runlog import pod_files
+from ports import free_port_pair
 
 BIN = Path(__file__).resolve().parent / "bin"
 LAUNCHER_MODULE = "nvidia_resiliency_ext.fault_tolerance.launcher"
@@ -38,13 +38,6 @@ TOKEN_VAR = "NVT_TEST_TOKEN"
 
 # Variables of a Kubernetes pod or a developer shell that would change nvtrain's identity.
 _POD_VARS = ("JOB_COMPLETION_INDEX", "POD_IP", "NVIDIA_VISIBLE_DEVICES")
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now (the kernel's pick for port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _toml(value: Any) -> str:
@@ -93,7 +86,7 @@ def make_policy(
     )
     tables: dict[str, dict[str, Any]] = {
         "job": job,
-        "rendezvous": {"port": port or free_port(), "join_timeout": "30s", **(rendezvous or {})},
+        "rendezvous": {"port": port or free_port_pair(), "join_timeout": "30s", **(rendezvous or {})},
         "heartbeat": {
             "initial_timeout": "20s",
             "timeout": "4s",

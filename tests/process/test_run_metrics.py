@@ -17,10 +17,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from proc_helpers import NvtrainRunner, free_port, make_policy, read_events, write_policy
+from proc_helpers import NvtrainRunner, make_policy, read_events, write_policy
 from prometheus_client.parser import text_string_to_metric_families
 
 from nvtrain.runlog import CAUSES
+from ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

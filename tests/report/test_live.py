@@ -32,6 +32,7 @@ from nvtrain.report.live import (
     serve,
 )
 from nvtrain.runlog import CAUSES
+from ports import free_port
 
 Flat = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -189,17 +190,11 @@ def _write(path: Path, events: list[dict], append: bool = False) -> None:
         f.writelines(json.dumps(e) + "\n" for e in events)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_the_endpoint_serves_the_figures_in_prometheus_format(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     _write(path, two_recoveries().events)
     server = serve(
-        Metrics(enabled=True, port=_free_port()), path, run_id="r", node_rank=3, address="127.0.0.1"
+        Metrics(enabled=True, port=free_port()), path, run_id="r", node_rank=3, address="127.0.0.1"
     )
     try:
         # The first build runs in the server's own thread: a scrape before it ends has no figures.
@@ -271,7 +266,7 @@ def test_the_bind_address_follows_the_pod_ip_family() -> None:
 def test_an_ipv6_pod_serves_on_every_ipv6_address(tmp_path: Path) -> None:
     try:
         server = serve(
-            Metrics(enabled=True, port=_free_port()),
+            Metrics(enabled=True, port=free_port()),
             tmp_path / "e.jsonl",
             run_id="r",
             node_rank=0,
@@ -291,7 +286,7 @@ def test_an_unreadable_log_does_not_stop_the_updates(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     path.mkdir()  # reading it fails (IsADirectoryError)
     server = serve(
-        Metrics(enabled=True, port=_free_port(), refresh=0.1),
+        Metrics(enabled=True, port=free_port(), refresh=0.1),
         path,
         run_id="r",
         node_rank=0,
@@ -377,7 +372,7 @@ def test_the_final_figures_are_served_until_a_signal(tmp_path: Path) -> None:
     events = two_recoveries().events
     _write(path, events[:-1])  # everything but the launcher's exit
     server = serve(
-        Metrics(enabled=True, port=_free_port(), refresh=3600.0),
+        Metrics(enabled=True, port=free_port(), refresh=3600.0),
         path,
         run_id="r",
         node_rank=0,
@@ -427,7 +422,7 @@ def test_lingering_ends_after_its_time(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     _write(path, two_recoveries().events)
     server = serve(
-        Metrics(enabled=True, port=_free_port()), path, run_id="r", node_rank=0, address="127.0.0.1"
+        Metrics(enabled=True, port=free_port()), path, run_id="r", node_rank=0, address="127.0.0.1"
     )
     try:
         start = time.monotonic()

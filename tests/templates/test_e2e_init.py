@@ -7,7 +7,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,23 +17,9 @@ from templates_helpers import set_keys
 from typer.testing import CliRunner
 
 from nvtrain.cli import app
+from ports import free_port_pair
 
 STEPS = 30
-
-
-def free_port_pair() -> int:
-    """A port P with P and P + 1 free: the rendezvous store and the in-process layer's store."""
-    for _ in range(50):
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            port = int(first.getsockname()[1])
-            with socket.socket() as second:
-                try:
-                    second.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no two consecutive free ports")
 
 
 def for_cpu(text: str, port: int, checkpoints: Path) -> str:

@@ -5,12 +5,11 @@ then equals a normal build, with one rank and with two FSDP2 ranks (gloo)."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from worker_helpers import BIN, child_env, free_port_pair
+from worker_helpers import BIN, child_env, free_port_pair, run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -18,16 +17,20 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2])
 def test_an_uninitialised_build_then_initialised_equals_a_normal_build(tmp_path: Path, world: int) -> None:
     port = free_port_pair()
-    procs = []
-    for rank in range(world):
-        extra = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world)} if world > 1 else {}
-        env = child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", **extra)
-        argv = [sys.executable, str(BIN / "demo_build.py"), str(tmp_path / f"rank{rank}.json")]
-        procs.append(
-            subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    envs = [
+        child_env(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            **({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world)} if world > 1 else {}),
         )
-    outputs = [p.communicate(timeout=100)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0] * world, "\n".join(outputs)
+        for rank in range(world)
+    ]
+    argvs = [
+        [sys.executable, str(BIN / "demo_build.py"), str(tmp_path / f"rank{rank}.json")]
+        for rank in range(world)
+    ]
+    run_ranks(argvs, envs)
     for rank in range(world):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert result["same"] == [True] * 8, result  # 4 Linear layers: weight and bias

@@ -6,18 +6,14 @@ is never loaded and every rank reads storage instead, saying why."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_helpers import BIN, child_env, free_port_pair
+from worker_helpers import BIN, child_env, free_port_pair, run_ranks
 
 from nvtrain.events import read_events
 
@@ -29,9 +25,8 @@ WORLD, PER_POD = 4, 2
 def _ranks(base: Path, mode: str) -> list[dict[str, Any]]:
     """Run ``peer_copies.py MODE`` as ranks 0-3 (pod ``rank // 2``'s folder: base/shm/pod<i>)."""
     port = free_port_pair()
-    procs = []
-    for rank in range(WORLD):
-        env = child_env(
+    envs = [
+        child_env(
             RANK=str(rank),
             LOCAL_RANK=str(rank % PER_POD),
             WORLD_SIZE=str(WORLD),
@@ -41,35 +36,19 @@ def _ranks(base: Path, mode: str) -> list[dict[str, Any]]:
             OMP_NUM_THREADS="1",
             NVTRAIN_HOST_COPY_DIR=str(base / "shm" / f"pod{rank // PER_POD}"),
         )
-        argv = [
+        for rank in range(WORLD)
+    ]
+    argvs = [
+        [
             sys.executable,
             str(BIN / "peer_copies.py"),
             mode,
             str(base / "run"),
             str(base / f"{mode}{rank}.json"),
         ]
-        procs.append(
-            subprocess.Popen(
-                argv,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                start_new_session=True,
-            )
-        )
-    outputs = []
-    try:
-        for proc in procs:
-            out, _ = proc.communicate(timeout=100)
-            outputs.append(out)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
-    assert [p.returncode for p in procs] == [0] * WORLD, "\n".join(o[-3000:] for o in outputs)
+        for rank in range(WORLD)
+    ]
+    run_ranks(argvs, envs)
     return [json.loads((base / f"{mode}{rank}.json").read_text()) for rank in range(WORLD)]
 
 

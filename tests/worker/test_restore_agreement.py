@@ -5,16 +5,12 @@ abort) renames the folder between the two ranks' listings."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from worker_helpers import BIN, child_env, free_port_pair
+from worker_helpers import BIN, child_env, free_port_pair, run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -22,40 +18,27 @@ pytestmark = pytest.mark.slow
 def _two_ranks(tmp_path: Path, script: str, *extra: list[str]) -> list[str]:
     """Run ``script RUN_DIR rank<N>.json [extra[N]...]`` as ranks 0 and 1; their outputs."""
     port = free_port_pair()
-    procs = []
-    for rank in (0, 1):
-        env = child_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
-        env["MASTER_PORT"] = str(port)
-        argv = [
+    envs = [
+        child_env(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+        for rank in (0, 1)
+    ]
+    argvs = [
+        [
             sys.executable,
             str(BIN / script),
             str(tmp_path / "run"),
             str(tmp_path / f"rank{rank}.json"),
             *[e[rank] for e in extra],
         ]
-        procs.append(
-            subprocess.Popen(
-                argv,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                start_new_session=True,
-            )
-        )
-    outputs = []
-    try:
-        for proc in procs:
-            out, _ = proc.communicate(timeout=100)
-            outputs.append(out)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
-    return outputs
+        for rank in (0, 1)
+    ]
+    return run_ranks(argvs, envs)
 
 
 def test_ranks_agree_on_the_restored_step_when_their_listings_differ(tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import pytest
 from nvtrain.events import read_events as events_in
 from nvtrain.findings import toml_value
 from nvtrain.runlog import pod_files
+from ports import free_port_pair
 
 BIN = Path(__file__).resolve().parent / "bin"
 TOKEN_VAR = "NVT_WORKER_TEST_TOKEN"
@@ -63,24 +63,6 @@ def child_env(token: str | None = None, **extra: str) -> dict[str, str]:
         env[TOKEN_VAR] = token
     env.update(extra)
     return env
-
-
-def free_port_pair() -> int:
-    """A port P with P and P + 1 both free: P hosts the rendezvous store, and the in-process
-    layer puts its own store on MASTER_PORT + 1."""
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as first:
-            first.bind(("127.0.0.1", 0))
-            port = int(first.getsockname()[1])
-            if port >= 65535:
-                continue
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as second:
-                try:
-                    second.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no two consecutive free ports found")
 
 
 def _toml(value: Any) -> str:
@@ -223,6 +205,47 @@ def run_nvtrain(policy: Path, run_id: str, checkpoint_dir: Path, cwd: Path, time
             shutil.rmtree(host_copies, ignore_errors=True)
     output = out_path.read_text(encoding="utf-8", errors="replace")
     return RunResult(code, output, checkpoint_dir / run_id, time.monotonic() - started, leftovers)
+
+
+def run_ranks(
+    argvs: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], timeout: float = 100.0
+) -> list[str]:
+    """Run one process per rank (``argvs[r]`` with ``envs[r]``, each in a session of its own) to
+    its end and return their outputs. Every rank must exit 0 within ``timeout`` seconds; else all
+    are killed and the failure shows every rank's exit code and output."""
+    procs = [
+        subprocess.Popen(
+            list(argv),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        for argv, env in zip(argvs, envs, strict=True)
+    ]
+    outputs: list[str | None] = [None] * len(procs)
+    deadline = time.monotonic() + timeout
+    try:
+        for rank, proc in enumerate(procs):
+            outputs[rank] = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))[0]
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+        for rank, proc in enumerate(procs):
+            if outputs[rank] is None:
+                outputs[rank] = proc.communicate()[0]  # what it wrote before the kill
+    texts = [out or "" for out in outputs]
+    codes = [proc.returncode for proc in procs]
+    assert codes == [0] * len(procs), (
+        f"exit codes {codes} (-9: still running after {timeout:g} s, killed)\n"
+        + ("\n".join(f"--- rank {rank} ---\n{text[-3000:]}" for rank, text in enumerate(texts)))
+    )
+    return texts
 
 
 def _describe(proc: psutil.Process) -> str:
