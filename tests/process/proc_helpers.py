@@ -308,6 +308,11 @@ class NvtrainRunner:
     def close(self) -> None:
         for running in self.runs:
             running.cleanup()
+            # A run killed with SIGKILL cannot remove its host-copy folder in /dev/shm (the
+            # default [checkpoint] memory_dir, named after the launcher's pid); in a pod it goes
+            # with the pod, here the test removes it.
+            for folder in Path("/dev/shm").glob(f"nvtrain-*-node*-{running.proc.pid}"):
+                shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
