@@ -204,10 +204,13 @@ def environment_problem() -> str | None:
     if proc.returncode != 0:
         return f"`ip netns add` does not work here: {proc.stderr.strip()}"
     _ip("netns", "delete", probe, check=False)
-    proc = _ip("link", "add", f"{BRIDGE_PREFIX}probe", "type", "bridge", check=False)
+    # A name of its own: test processes probe at the same time (a shared one made the second
+    # probe fail with "File exists").
+    bridge = f"{BRIDGE_PREFIX}p{secrets.token_hex(3)}"
+    proc = _ip("link", "add", bridge, "type", "bridge", check=False)
     if proc.returncode != 0:
         return f"cannot create a bridge here: {proc.stderr.strip()}"
-    _ip("link", "delete", f"{BRIDGE_PREFIX}probe", check=False)
+    _ip("link", "delete", bridge, check=False)
     proc = _run(["dnsmasq", "--version"], check=False)
     if proc.returncode != 0:
         return f"dnsmasq does not run: {proc.stderr.strip()}"
@@ -314,12 +317,16 @@ def policy_toml(
     checkpoint_interval: int = 100000,
     domain: str = DOMAIN,
     namespace: str = "default",
+    warm_start: bool = True,
 ) -> str:
-    """A policy for the demo job on a ``nodes``-pod emulated cluster."""
+    """A policy for the demo job on a ``nodes``-pod emulated cluster. Workers start warm unless
+    ``warm_start=False`` (forked from each pod's warm-start server: the same training, a fraction
+    of the CPU of a cold start per worker on a 2-core machine)."""
     return f"""\
 [job]
 name = "{job}"
 module = "nvtrain.demo"
+warm_start = {str(warm_start).lower()}
 args = ["--steps", "{steps}", "--step-time", "{step_time}", "--log-every", "{log_every}"]
 nproc_per_node = {nproc_per_node}
 max_steps = {steps}
@@ -441,7 +448,11 @@ class Cluster:
             "subnet": self.subnet,
             "workdir": str(self.workdir),
         }
-        self._registry.write_text(json.dumps(record))
+        # Whole or not at all: another test process's cleanup_stale reads it, and would take a
+        # half-written record for a dead owner and remove this cluster's bridge and namespaces.
+        partial = self._registry.with_suffix(".partial")
+        partial.write_text(json.dumps(record))
+        os.replace(partial, self._registry)
 
     def _pick_subnet(self) -> str:
         used = _ip("-4", "-o", "addr", "show", check=False).stdout + _ip("-4", "route", check=False).stdout

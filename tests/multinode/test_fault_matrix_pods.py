@@ -1,11 +1,11 @@
 """The fault matrix across pods: 2 pods x 2 ranks (network namespaces, real dnsmasq, real
-``nvtrain run`` + ft_launcher + NVRx in-process restart, gloo), one fault of each kind on ranks
-of both pods. The ranks that survive a SIGKILL, on the same pod and on the other, must be out at
-once (no stop-timeout wait); the run ends bitwise where the same run without faults ends (the
-clean 4-rank demo run that ``test_fault_matrix.py`` compares with too: the demo's state depends
-on the world size, not on how the ranks are spread over pods); no process is left in either
-pod once its ``nvtrain run`` has exited.
-"""
+``nvtrain run`` + ft_launcher + NVRx in-process restart, gloo), one fault of each kind on ranks of both
+pods, the workers forked from each pod's warm-start server (``[job] warm_start``; the 2-pod path
+with cold workers is ``test_renamed_job.py``'s). The ranks that survive a SIGKILL, on the same pod
+and on the other, must be out at once (no stop-timeout wait); the run ends bitwise where the same
+run without faults ends (the clean 4-rank demo run that ``test_fault_matrix.py`` compares with
+too: the demo's state depends on the world size, not on how the ranks are spread over pods); no
+process is left in either pod once its ``nvtrain run`` has exited."""
 
 from __future__ import annotations
 
@@ -92,6 +92,12 @@ def test_faults_on_both_pods_recover_to_the_clean_runs_state(
 
     events = read_events(checkpoints / "faulty")
     assert "Unable to shutdown process" not in faulty["logs"], faulty["logs"][-6000:]
+    # The workers start warm (each pod's warm-start server); the ones that replace a killed
+    # group are always forked, the server having long finished its imports by then.
+    assert "warm start: off" not in faulty["logs"], faulty["logs"][-6000:]
+    starts = events_of(events, "worker_start")
+    replacements = [e for e in starts if e.get("restart_count", 0) > 0]
+    assert replacements and all(e.get("warm") is True for e in replacements), replacements
     stopped = events_of(events, "worker_stopped")
     assert [e for e in stopped if e.get("waited_s", 0.0) > 1.0 + STOP_TIMEOUT / 2] == [], stopped
 

@@ -1,10 +1,10 @@
-"""A pod lost whole restores from the copies its peers keep: 2 pods x 2 ranks (network
-namespaces, real dnsmasq, real ``nvtrain run`` + ft_launcher, gloo), each pod with its own
-``/dev/shm``. Every rank's host copy is also kept by the rank of the other pod
-(``[checkpoint] peer_copy``). Pod 1 dies whole (its processes and its memory) and a new pod 1
-joins: its ranks restore from the copies pod 0 kept, pod 0's ranks from their own, and the run
-ends bitwise where the same run without the loss ends (the clean 4-rank demo run that the fault
-matrices compare with too).
+"""A pod lost whole restores from the copies its peers keep: 2 pods x 2 ranks (network namespaces,
+real dnsmasq, real ``nvtrain run`` + ft_launcher, gloo, workers forked from each pod's warm-start
+server), each pod with its own ``/dev/shm``. Every rank's host copy is also kept by the rank of
+the other pod (``[checkpoint] peer_copy``). Pod 1 dies whole (its processes and its memory) and a
+new pod 1 joins: its ranks restore from the copies pod 0 kept, pod 0's ranks from their own, and
+the run ends bitwise where the same run without the loss ends (the clean 4-rank demo run that the
+fault matrices compare with too).
 
 To lose the pod at a known point, rank 0 hangs right after the save of step 20 (the other ranks
 then wait in the next step's collective; the heartbeat and collective timeouts are longer than

@@ -48,7 +48,14 @@ def test_a_renamed_job_finds_its_peers(netns_available: None, tmp_path: Path) ->
         checkpoints = tmp_path / "checkpoints"
         policy = tmp_path / "policy.toml"
         policy.write_text(
-            policy_toml(job=JOB, nodes=NODES, nproc_per_node=NPROC, steps=STEPS, checkpoint_dir=checkpoints)
+            policy_toml(
+                job=JOB,
+                nodes=NODES,
+                nproc_per_node=NPROC,
+                steps=STEPS,
+                checkpoint_dir=checkpoints,
+                warm_start=False,  # the multi-node path as by default: workers start cold
+            )
         )
         pods = [cluster.start_nvtrain(i, policy, run_id=RUN_ID) for i in range(NODES)]
         assert [p.hostname for p in pods] == [f"{renamed}-{i}" for i in range(NODES)]

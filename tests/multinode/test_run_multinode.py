@@ -39,9 +39,11 @@ def deadline() -> float:
 
 
 def write_policy(tmp_path: Path, cluster: Cluster, **kwargs: Any) -> tuple[Path, Path]:
-    """(policy path, events path) for a demo job on ``cluster``."""
+    """(policy path, events path) for a demo job on ``cluster``; its workers start cold, as by
+    default (one rank per pod: a warm start would cost as much CPU as it saves)."""
     checkpoints = tmp_path / "checkpoints"
     policy = tmp_path / "policy.toml"
+    kwargs.setdefault("warm_start", False)
     policy.write_text(policy_toml(job=cluster.job, checkpoint_dir=checkpoints, **kwargs))
     return policy, checkpoints / RUN_ID  # the run directory: every pod's events log
 

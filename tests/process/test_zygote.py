@@ -6,6 +6,7 @@ refused to serve) the client runs the script cold."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -23,9 +24,21 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 SERVER_READY = 180.0
 """Seconds for the server to import torch and bind its socket on a loaded 2-core machine."""
 
+GATE = textwrap.dedent(
+    """
+    import os, time
+    gate = os.environ.get("ZYGOTE_GATE")
+    while gate and not os.path.exists(gate):  # the server's imports last until the test opens it
+        time.sleep(0.01)
+    """
+)
+"""``zygote_gate``, imported by the script: holds a server's imports until the file
+``$ZYGOTE_GATE`` exists (a client has no ``ZYGOTE_GATE``: it never waits there)."""
+
 SCRIPT = textwrap.dedent(
     """
     import os, signal, sys, time
+    import zygote_gate
     warm = "torch" in sys.modules  # imported by the server before the fork, not by this script
     import torch
     mode = sys.argv[1]
@@ -53,6 +66,13 @@ SCRIPT = textwrap.dedent(
 )
 
 
+def _write_script(folder: Path, prefix: str = "") -> Path:
+    (folder / "zygote_gate.py").write_text(GATE)
+    script = folder / "worker.py"
+    script.write_text(prefix + SCRIPT)
+    return script
+
+
 def _env(socket_path: Path | None) -> dict[str, str]:
     env = {**os.environ, "ZYGOTE_TEST": "value-42", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     env.pop("NVTRAIN_ZYGOTE", None)
@@ -62,7 +82,7 @@ def _env(socket_path: Path | None) -> dict[str, str]:
 
 
 def _start_server(
-    tmp_path: Path, script: Path, name: str = "zygote.sock"
+    tmp_path: Path, script: Path, name: str = "zygote.sock", gate: Path | None = None
 ) -> tuple[subprocess.Popen[bytes], Path]:
     socket_path = tmp_path / name
     log = (tmp_path / f"{name}.log").open("wb")
@@ -77,7 +97,10 @@ def _start_server(
             str(script),
         ],
         # torch in the server uses every core; each worker takes its client's OMP_NUM_THREADS
-        env={k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"},
+        env={
+            **{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"},
+            **({"ZYGOTE_GATE": str(gate)} if gate is not None else {}),
+        },
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -86,12 +109,13 @@ def _start_server(
     return proc, socket_path
 
 
-def _wait_ready(proc: subprocess.Popen[bytes], socket_path: Path, log: Path) -> None:
+def _wait_bound(proc: subprocess.Popen[bytes], socket_path: Path, log: Path) -> None:
+    """Until the server's socket exists (it binds it before its imports)."""
     deadline = time.monotonic() + SERVER_READY
     while not socket_path.exists():
         assert proc.poll() is None, f"server exited {proc.returncode}: {log.read_text()}"
-        assert time.monotonic() < deadline, f"server not ready after {SERVER_READY}s: {log.read_text()}"
-        time.sleep(0.1)
+        assert time.monotonic() < deadline, f"no socket after {SERVER_READY}s: {log.read_text()}"
+        time.sleep(0.02)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -100,18 +124,93 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
+@dataclasses.dataclass
+class Early:
+    """Two clients that came while the server was still importing (its gate closed)."""
+
+    waited: tuple[int, str]
+    """Exit code and output of the one that waited for the imports."""
+    stopped: int
+    """Exit status of the one SIGTERMed while it waited."""
+    stopped_output: str
+
+
+@dataclasses.dataclass
+class Served:
+    socket: Path
+    script: Path
+    pid: int
+    early: Early
+
+
+def _wait_request_sent(client: subprocess.Popen[str]) -> None:
+    """Until the client catches SIGTERM: it installs its handlers once its request is sent."""
+    bit = 1 << (signal.SIGTERM - 1)
+    status = Path(f"/proc/{client.pid}/status")
+    deadline = time.monotonic() + SERVER_READY
+    while True:
+        caught = next(line for line in status.read_text().splitlines() if line.startswith("SigCgt:"))
+        if int(caught.split()[1], 16) & bit:
+            return
+        assert client.poll() is None and time.monotonic() < deadline, "the client never sent its request"
+        time.sleep(0.01)
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
-    """(socket path, script) of a server that is ready."""
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """A server that is serving, and the clients that came during its imports."""
     tmp = tmp_path_factory.mktemp("zygote")
-    script = tmp / "worker.py"
-    script.write_text(SCRIPT)
-    proc, socket_path = _start_server(tmp, script)
+    script = _write_script(tmp)
+    gate = tmp / "gate"
+    proc, socket_path = _start_server(tmp, script, gate=gate)
     try:
-        _wait_ready(proc, socket_path, tmp / "zygote.sock.log")
-        yield socket_path, script
+        _wait_bound(proc, socket_path, tmp / "zygote.sock.log")
+        with (
+            _client(script, "exit", "4", socket_path=socket_path, cwd=tmp) as waiting,
+            _client(script, "wait", socket_path=socket_path, cwd=tmp) as stopped,
+        ):
+            # The gate is closed: the server cannot be serving. A client catches SIGTERM once
+            # its request is sent (it is queued then); SIGTERM ends one that has no worker yet
+            # at once, as it would end a cold one importing torch.
+            _wait_request_sent(stopped)
+            stopped.send_signal(signal.SIGTERM)
+            stopped.wait(timeout=60)  # its output's end is in the server's queue still
+            assert waiting.poll() is None, "a client did not wait for the server's imports"
+            gate.touch()
+            out, err = waiting.communicate(timeout=SERVER_READY)
+            # No worker was forked for the gone client: its stdout, which the server took
+            # from the queue, ends with nothing written to it.
+            stopped_out, stopped_err = stopped.communicate(timeout=60)
+        early = Early((waiting.returncode, out + err), stopped.returncode, stopped_out + stopped_err)
+        yield Served(socket_path, script, proc.pid, early)
     finally:
         _stop(proc)
+
+
+@pytest.fixture
+def server(served: Served) -> tuple[Path, Path]:
+    """(socket path, script) of a server that is serving."""
+    return served.socket, served.script
+
+
+def test_a_client_that_comes_during_the_imports_waits_and_gets_a_forked_worker(served: Served) -> None:
+    code, out = served.early.waited
+    assert code == 4, out
+    assert "warm=True argv=['exit', '4']" in out
+
+
+def test_a_client_stopped_before_its_worker_exists_dies_of_the_signal_and_gets_none(
+    served: Served, tmp_path: Path
+) -> None:
+    assert served.early.stopped == -signal.SIGTERM
+    assert served.early.stopped_output == ""
+    # The server took the dead client's request from its queue before this one's, and has no
+    # worker for it.
+    with _client(served.script, "exit", "0", socket_path=served.socket, cwd=tmp_path) as proc:
+        out, _ = proc.communicate(timeout=120)
+    assert "warm=True" in out
+    leftover = [child.cmdline() for child in psutil.Process(served.pid).children()]
+    assert leftover == [], leftover
 
 
 def _client(
@@ -194,31 +293,54 @@ def test_a_sigkilled_client_takes_its_worker_with_it(server: tuple[Path, Path], 
 
 
 def test_without_a_server_the_client_runs_the_script_cold(tmp_path: Path) -> None:
-    script = tmp_path / "worker.py"
-    script.write_text(SCRIPT)
+    script = _write_script(tmp_path)
     with _client(script, "exit", "5", socket_path=tmp_path / "absent.sock", cwd=tmp_path) as proc:
         out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 5
     assert "warm=False argv=['exit', '5']" in out
 
 
-def test_a_server_whose_imports_start_a_thread_refuses_and_clients_start_cold(tmp_path: Path) -> None:
+def _queued_client(
+    tmp_path: Path, prefix: str = ""
+) -> tuple[subprocess.Popen[bytes], subprocess.Popen[str], Path]:
+    """A server held in its imports (gate closed) and a client waiting for it: (server, client,
+    gate)."""
+    script = _write_script(tmp_path, prefix)
+    gate = tmp_path / "gate"
+    proc, socket_path = _start_server(tmp_path, script, gate=gate)
+    _wait_bound(proc, socket_path, tmp_path / "zygote.sock.log")
+    return proc, _client(script, "exit", "3", socket_path=socket_path, cwd=tmp_path), gate
+
+
+def test_a_server_whose_imports_start_a_thread_refuses_and_waiting_clients_start_cold(
+    tmp_path: Path,
+) -> None:
     (tmp_path / "threaded_helper.py").write_text(
         "import threading, time\nthreading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
     )
-    script = tmp_path / "worker.py"
-    script.write_text("import threaded_helper\n" + SCRIPT)
-    proc, socket_path = _start_server(tmp_path, script)
+    proc, client, gate = _queued_client(tmp_path, "import threaded_helper\n")
     log = tmp_path / "zygote.sock.log"
     try:
-        deadline = time.monotonic() + SERVER_READY
-        while "warm start: off" not in log.read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
-        assert "started threads" in log.read_text()
-        assert not socket_path.exists()
-        with _client(script, "exit", "3", socket_path=socket_path, cwd=tmp_path) as client:
+        assert client.poll() is None
+        gate.touch()
+        with client:
             out, _ = client.communicate(timeout=120)
         assert client.returncode == 3 and "warm=False" in out
+        assert "warm start: off" in log.read_text() and "started threads" in log.read_text()
+        assert not (tmp_path / "zygote.sock").exists()
+    finally:
+        _stop(proc)
+
+
+def test_a_server_killed_during_its_imports_leaves_its_waiting_clients_to_start_cold(
+    tmp_path: Path,
+) -> None:
+    proc, client, _gate = _queued_client(tmp_path)
+    try:
+        assert client.poll() is None
+        proc.kill()  # the gate stays closed: the server dies in its imports
+        with client:
+            out, _ = client.communicate(timeout=120)
+        assert client.returncode == 3 and "warm=False argv=['exit', '3']" in out
     finally:
         _stop(proc)

@@ -9,13 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from worker_helpers import BIN, child_env, free_port_pair, run_ranks
+from worker_helpers import BIN, WarmServer, child_env, free_port_pair, run_ranks
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("world", [1, 2])
-def test_an_uninitialised_build_then_initialised_equals_a_normal_build(tmp_path: Path, world: int) -> None:
+def test_an_uninitialised_build_then_initialised_equals_a_normal_build(
+    tmp_path: Path, world: int, warm_server: WarmServer
+) -> None:
     port = free_port_pair()
     envs = [
         child_env(
@@ -30,7 +32,7 @@ def test_an_uninitialised_build_then_initialised_equals_a_normal_build(tmp_path:
         [sys.executable, str(BIN / "demo_build.py"), str(tmp_path / f"rank{rank}.json")]
         for rank in range(world)
     ]
-    run_ranks(argvs, envs)
+    run_ranks(argvs, envs, warm=warm_server)
     for rank in range(world):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert result["same"] == [True] * 8, result  # 4 Linear layers: weight and bias

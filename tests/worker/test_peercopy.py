@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_helpers import BIN, child_env, free_port_pair, run_ranks
+from worker_helpers import BIN, WarmServer, child_env, free_port_pair, run_ranks
 
 from nvtrain.events import read_events
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 WORLD, PER_POD = 4, 2
 
 
-def _ranks(base: Path, mode: str) -> list[dict[str, Any]]:
+def _ranks(base: Path, mode: str, warm: WarmServer) -> list[dict[str, Any]]:
     """Run ``peer_copies.py MODE`` as ranks 0-3 (pod ``rank // 2``'s folder: base/shm/pod<i>)."""
     port = free_port_pair()
     envs = [
@@ -48,17 +48,17 @@ def _ranks(base: Path, mode: str) -> list[dict[str, Any]]:
         ]
         for rank in range(WORLD)
     ]
-    run_ranks(argvs, envs)
+    run_ranks(argvs, envs, warm=warm)
     return [json.loads((base / f"{mode}{rank}.json").read_text()) for rank in range(WORLD)]
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+def saved(tmp_path_factory: pytest.TempPathFactory, warm_server: WarmServer) -> tuple[Path, list[str]]:
     """Steps 10 and 20 saved by 4 ranks on 2 pods; (the folder, each rank's digest at step 20)."""
     base = tmp_path_factory.mktemp("peer")
     for pod in range(WORLD // PER_POD):
         (base / "shm" / f"pod{pod}").mkdir(parents=True)
-    results = _ranks(base, "save")
+    results = _ranks(base, "save", warm_server)
     digests = [r["saved"] for r in results]
     assert len(set(digests)) == WORLD, digests  # each rank's state is its own
     return base, digests
@@ -98,10 +98,12 @@ def test_every_copy_is_also_kept_by_a_rank_of_the_other_pod(saved: tuple[Path, l
         assert mine[20].sent_bytes and mine[20].received_bytes, mine[20]
 
 
-def test_a_lost_pod_restores_from_its_peers_bitwise(saved: tuple[Path, list[str]], tmp_path: Path) -> None:
+def test_a_lost_pod_restores_from_its_peers_bitwise(
+    saved: tuple[Path, list[str]], tmp_path: Path, warm_server: WarmServer
+) -> None:
     base = _copy(saved, tmp_path)
     _lose_pod_1(base)
-    results = _ranks(base, "restore")
+    results = _ranks(base, "restore", warm_server)
     for rank, result in enumerate(results):
         assert result["restored"] == [{"step": 20, "digest": saved[1][rank]}] * 2, (rank, result)
     restores = _restores(base)
@@ -112,7 +114,7 @@ def test_a_lost_pod_restores_from_its_peers_bitwise(saved: tuple[Path, list[str]
 
 
 def test_a_damaged_peer_copy_is_not_loaded_and_storage_is_read(
-    saved: tuple[Path, list[str]], tmp_path: Path
+    saved: tuple[Path, list[str]], tmp_path: Path, warm_server: WarmServer
 ) -> None:
     base = _copy(saved, tmp_path)
     kept = base / "shm" / "pod0" / "peer-rank2.bin"
@@ -120,7 +122,7 @@ def test_a_damaged_peer_copy_is_not_loaded_and_storage_is_read(
     data[len(data) // 2] ^= 0xFF
     kept.write_bytes(bytes(data))
     _lose_pod_1(base)
-    results = _ranks(base, "restore")
+    results = _ranks(base, "restore", warm_server)
     for rank, result in enumerate(results):
         assert result["restored"][0] == {"step": 20, "digest": saved[1][rank]}, (rank, result)
     first = _restores(base)[:WORLD]
@@ -130,12 +132,12 @@ def test_a_damaged_peer_copy_is_not_loaded_and_storage_is_read(
 
 
 def test_a_missing_peer_copy_sends_every_rank_to_storage(
-    saved: tuple[Path, list[str]], tmp_path: Path
+    saved: tuple[Path, list[str]], tmp_path: Path, warm_server: WarmServer
 ) -> None:
     base = _copy(saved, tmp_path)
     (base / "shm" / "pod0" / "peer-rank3.json").unlink()
     _lose_pod_1(base)
-    results = _ranks(base, "restore")
+    results = _ranks(base, "restore", warm_server)
     for rank, result in enumerate(results):
         assert result["restored"][0] == {"step": 20, "digest": saved[1][rank]}, (rank, result)
     first = _restores(base)[:WORLD]

@@ -44,6 +44,7 @@ def test_sigterm_during_an_async_write_commits_it_then_exits_143(tmp_path: Path)
             "backend": "gloo",
             "collective_timeout": "15s",
             "stop_timeout": "40s",
+            "warm_start": True,  # the workers forked from one import, not two
         },
         "rendezvous": {"nodes": 1, "port": free_port_pair(), "join_timeout": "60s"},
         "heartbeat": {"initial_timeout": "90s", "timeout": "60s", "monitor_interval": "1s"},

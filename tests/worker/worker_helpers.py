@@ -207,12 +207,66 @@ def run_nvtrain(policy: Path, run_id: str, checkpoint_dir: Path, cwd: Path, time
     return RunResult(code, output, checkpoint_dir / run_id, time.monotonic() - started, leftovers)
 
 
+class WarmServer:
+    """nvtrain's warm-start server (``nvtrain.zygote.server``) for the ranks the tests start
+    themselves (``run_ranks``): each rank is a process forked from an interpreter that has torch,
+    NVRx and the worker library imported, as under ``[job] warm_start = true``, instead of a
+    cold ``python`` that imports them again (about 6 s of CPU each)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.socket = folder / "zygote.sock"
+        self.log = folder / "zygote.log"
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "nvtrain.zygote.server", "--socket", str(self.socket)]
+                + ["--module", "nvtrain.demo"],
+                env=child_env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 60
+        while not self.socket.exists():  # bound before its imports: clients queue until then
+            assert self.proc.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, f"no socket after 60 s: {self.log.read_text()}"
+            time.sleep(0.02)
+
+    def client(self, argv: Sequence[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """``python SCRIPT ARGS`` (argv) as a client of this server, and its environment."""
+        assert argv[0] == sys.executable and not argv[1].startswith("-"), argv
+        return [sys.executable, "-m", "nvtrain.zygote.client", *argv[1:]], {
+            **env,
+            "NVTRAIN_ZYGOTE": str(self.socket),
+        }
+
+    def check(self) -> None:
+        """The server is still serving (else its clients started cold)."""
+        log = self.log.read_text()
+        assert self.proc.poll() is None and "warm start: off" not in log, log
+
+    def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
 def run_ranks(
-    argvs: Sequence[Sequence[str]], envs: Sequence[dict[str, str]], timeout: float = 100.0
+    argvs: Sequence[Sequence[str]],
+    envs: Sequence[dict[str, str]],
+    timeout: float = 100.0,
+    warm: WarmServer | None = None,
 ) -> list[str]:
     """Run one process per rank (``argvs[r]`` with ``envs[r]``, each in a session of its own) to
-    its end and return their outputs. Every rank must exit 0 within ``timeout`` seconds; else all
-    are killed and the failure shows every rank's exit code and output."""
+    its end and return their outputs; ``warm``: forked by that server (``python SCRIPT ARGS``
+    only). Every rank must exit 0 within ``timeout`` seconds; else all are killed and the
+    failure shows every rank's exit code and output."""
+    if warm is not None:
+        pairs = [warm.client(argv, env) for argv, env in zip(argvs, envs, strict=True)]
+        argvs, envs = [argv for argv, _ in pairs], [env for _, env in pairs]
     procs = [
         subprocess.Popen(
             list(argv),
@@ -241,6 +295,8 @@ def run_ranks(
                 outputs[rank] = proc.communicate()[0]  # what it wrote before the kill
     texts = [out or "" for out in outputs]
     codes = [proc.returncode for proc in procs]
+    if warm is not None:
+        warm.check()
     assert codes == [0] * len(procs), (
         f"exit codes {codes} (-9: still running after {timeout:g} s, killed)\n"
         + ("\n".join(f"--- rank {rank} ---\n{text[-3000:]}" for rank, text in enumerate(texts)))

@@ -87,8 +87,9 @@ class Job(BaseModel):
     """Start workers warm: `nvtrain run` keeps an interpreter with torch, NVRx and the script's
     imports loaded (CUDA not initialised) and forks each worker from it, so a worker that
     replaces a killed one skips the interpreter start and the imports. Signals, exit codes and
-    output are the worker's own, as ft_launcher expects; a worker starts cold when the server is
-    not ready."""
+    output are the worker's own, as ft_launcher expects. The first workers wait for the server's
+    imports (one import per pod instead of one per worker); a worker starts cold when the server
+    refuses to serve or is gone."""
 
     module: str | None = None
     """Python module each worker runs (like `python -m mypkg.train`). Give either `script` or

@@ -8,8 +8,10 @@ library only: it hands the server its argv, environment, working directory and i
 stdout and stderr, and the server forks a worker that runs the script with them. To ft_launcher
 the client *is* the worker: it passes on every signal it gets, and exits with the worker's exit
 code (or dies of the worker's signal). When the client dies (SIGKILL), the server kills its
-worker; when the server is not there (still importing, or gone), the client runs the script
-itself, as a cold start.
+worker. The server binds its socket before it imports anything: a client that comes during the
+imports (the pod's first workers) waits for them, so a pod imports torch once, not once per
+worker. When the server is not there (gone, or it refused to serve), the client runs the
+script itself, as a cold start.
 """
 
 ENV = "NVTRAIN_ZYGOTE"

@@ -2,8 +2,10 @@
 
 Asks the server named by ``$NVTRAIN_ZYGOTE`` for a worker forked from its warm interpreter,
 stands in for it (signals passed on, its exit code or signal taken as this process's own), and
-runs the script itself when no server answers. Imports the standard library only: it starts in
-a few tens of milliseconds.
+runs the script itself when no server answers. A server that is still importing keeps the
+request in its socket's queue: the client waits for it (at most ``WAIT`` seconds), and starts
+cold if the server refuses, dies or does not answer in time. Imports the standard library only:
+it starts in a few tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -30,6 +32,15 @@ FORWARDED = (
     signal.SIGCONT,
     signal.SIGTSTP,
 )
+
+HELD = (signal.SIGCONT, signal.SIGTSTP)
+"""Signals kept for the worker when they come before it exists; the others end the client
+there and then, as they would end a cold worker that is still importing (a worker the server
+forks for a client that is gone is killed at once)."""
+
+WAIT = 300.0
+"""Seconds to wait for a server that is still importing (as long as a cold worker's imports take
+on a loaded machine, with room to spare) before starting cold."""
 
 
 def _target(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
@@ -94,11 +105,11 @@ def main(argv: list[str] | None = None) -> NoReturn:
                 os.kill(pid[0], signum)
             except ProcessLookupError:
                 pass
-        else:
+        elif signum in HELD:
             pending.append(signum)
+        else:
+            _die_like({"signal": signum})
 
-    for signum in FORWARDED:
-        signal.signal(signum, forward)
     request = {
         "argv": worker_argv,
         "script": script,
@@ -106,11 +117,21 @@ def main(argv: list[str] | None = None) -> NoReturn:
         "cwd": os.getcwd(),
         "env": {**os.environ, "NVTRAIN_PID": str(os.getpid())},
     }
-    send(sock, request, [0, 1, 2])
     reader = Reader(sock)
-    started = reader.read()
+    try:
+        send(sock, request, [0, 1, 2])
+        # Installed once the request is on its way (a signal before that ends the client as it
+        # would end a cold worker): from here each is held or ends the wait, or reaches the worker.
+        for signum in FORWARDED:
+            signal.signal(signum, forward)
+        sock.settimeout(WAIT)  # the server may still be importing: this waits in its queue
+        started = reader.read()
+        sock.settimeout(None)
+    except (OSError, ValueError):  # reset by a server that refused or died, or timed out
+        started = None
     if started is None or not isinstance(started.get("pid"), int):
-        # The server went away before forking (stopped, or refused): start cold instead.
+        # No worker from the server (it stopped, refused, died or never answered): the
+        # connection's end takes any worker it forked late with it; start cold instead.
         sock.close()
         _cold(script, module, worker_argv)
     pid.append(int(started["pid"]))

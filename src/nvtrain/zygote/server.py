@@ -2,7 +2,10 @@
 
 Imports torch, NVRx, nvtrain's worker library and the training script's top-level imports,
 checks that none of that initialised CUDA or started a thread (a fork would then be unsafe:
-it refuses to serve, and every client starts cold), then listens on ``PATH``. Per request it
+it refuses to serve, and every client starts cold), then serves on ``PATH``. It binds ``PATH``
+before the imports: a client that comes while they run waits in the socket's queue and gets a
+forked worker when they are done (one import per pod instead of one per worker), or, if the
+server refuses or dies, the connection closes and the client starts cold. Per request it
 forks one worker: the child takes the client's stdin/stdout/stderr, environment, working
 directory and argv, reseeds its random generators, and runs the script as ``__main__``. One
 thread only, a selector over the socket, the clients' connections and the workers' pidfds: a
@@ -80,6 +83,16 @@ def _source(script: str | None, module: str | None) -> str:
     return ""
 
 
+_stopping = False
+"""Set by SIGTERM: an import it interrupts is not a module that failed to import."""
+
+
+def _stop(_signum: int, _frame: object) -> None:
+    global _stopping
+    _stopping = True
+    sys.exit(0)
+
+
 def preload(script: str | None, module: str | None) -> list[str]:
     """Import what the workers will import; returns the names that failed to import (a worker
     imports them itself, and fails there if it must)."""
@@ -90,6 +103,8 @@ def preload(script: str | None, module: str | None) -> list[str]:
         try:
             importlib.import_module(name)
         except BaseException:  # noqa: BLE001 - anything a module does at import is its own
+            if _stopping:  # SIGTERM came during this import: stop, not "failed to preload"
+                raise
             failed.append(name)
     return failed
 
@@ -167,15 +182,36 @@ def _child(request: dict[str, Any], fds: list[int], closing: list[int]) -> NoRet
         os._exit(code)
 
 
+def listen(path: str) -> socket.socket:
+    """The server's socket, bound at ``path`` and listening: clients that connect before the
+    server serves wait in its queue (their requests too: the kernel holds them)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener.bind(path + ".tmp")
+    listener.listen(BACKLOG)
+    os.replace(path + ".tmp", path)  # never a half-made socket at ``path``
+    return listener
+
+
+BACKLOG = 256
+"""Clients that can wait for the imports (a pod's workers: a few, at most a few dozen)."""
+
+
+def _gone(conn: socket.socket) -> bool:
+    """Whether the client hung up already (it waited in the queue, then stopped or gave up)."""
+    try:
+        return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
 class Server:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, listener: socket.socket) -> None:
         self.path = path
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        self.listener.bind(path + ".tmp")
-        self.listener.listen(64)
-        os.replace(path + ".tmp", path)  # clients connect only once the server is ready
+        self.listener = listener
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.listener, selectors.EVENT_READ, ("accept", None))
         self.workers: dict[int, tuple[socket.socket, int]] = {}
@@ -199,7 +235,7 @@ class Server:
             request = reader.read()
         except (OSError, ValueError):
             request = None
-        if request is None or len(reader.fds) < 3:
+        if request is None or len(reader.fds) < 3 or _gone(conn):
             for fd in reader.fds:
                 os.close(fd)
             conn.close()
@@ -252,22 +288,29 @@ def main(argv: list[str] | None = None) -> None:
     target.add_argument("--script")
     target.add_argument("--module")
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    failed = preload(args.script, args.module)
-    if failed:
-        print(
-            f"nvtrain warm start: not preloaded (the workers import them): {', '.join(failed)}",
-            file=sys.stderr,
-        )
-    unsafe = fork_safe()
-    if unsafe is not None:
-        print(f"nvtrain warm start: off, workers start cold: {unsafe}", file=sys.stderr)
-        signal.pause()
-        return
-    server = Server(args.socket)
+    signal.signal(signal.SIGTERM, _stop)
+    # Bound before the imports: the first workers wait for them instead of importing torch
+    # each (a SIGKILL or a crash closes the socket, and they start cold).
+    listener = listen(args.socket)
     try:
-        server.serve()
+        failed = preload(args.script, args.module)
+        if failed:
+            print(
+                f"nvtrain warm start: not preloaded (the workers import them): {', '.join(failed)}",
+                file=sys.stderr,
+            )
+        unsafe = fork_safe()
+        if unsafe is not None:
+            # Closing the socket drops the waiting clients' connections: they start cold.
+            listener.close()
+            with contextlib.suppress(OSError):
+                os.unlink(args.socket)
+            print(f"nvtrain warm start: off, workers start cold: {unsafe}", file=sys.stderr)
+            signal.pause()
+            return
+        Server(args.socket, listener).serve()
     finally:
+        listener.close()
         with contextlib.suppress(OSError):
             os.unlink(args.socket)
 
