@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 from side_by_side import free_port, policy_text, report, run_nvtrain  # noqa: E402
 
 from nvtrain.launcher.process import become_subreaper, kill_all  # noqa: E402
+from nvtrain.runlog import pod_files  # noqa: E402
 
 PHASES = ("detection", "teardown", "rendezvous", "start", "restore", "first_step")
 
@@ -61,9 +62,8 @@ def disk_rate(folder: Path, gigabytes: float) -> float:
 
 def saves(run_dir: Path) -> dict[str, Any]:
     """Blocked time of the first save and the later ones; background write rates."""
-    events = [
-        json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()
-    ]
+    lines = [line for path in pod_files(run_dir) for line in path.read_text().splitlines()]
+    events = [json.loads(line) for line in lines if line.strip()]  # every pod's log
     staged = [
         e for e in events if e.get("event") == "checkpoint_staged" and e.get("is_async", e.get("async"))
     ]

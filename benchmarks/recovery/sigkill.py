@@ -147,7 +147,7 @@ def _marks(text: str, rundir: Path) -> dict[str, float]:
     m = _AGENT_EXIT.search(text)
     if m:  # logging's asctime: local time, milliseconds
         marks["agent_exit"] = datetime.datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-    for events in rundir.glob("checkpoints/*/events.jsonl"):
+    for events in rundir.glob("checkpoints/*/events*.jsonl"):  # one log per pod: events-node<N>
         for line in events.read_text(errors="replace").splitlines():
             with contextlib.suppress(ValueError):
                 record = json.loads(line)
