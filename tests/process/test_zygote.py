@@ -301,7 +301,7 @@ def test_without_a_server_the_client_runs_the_script_cold(tmp_path: Path) -> Non
 
 
 def _queued_client(
-    tmp_path: Path, prefix: str = ""
+    tmp_path: Path, prefix: str = "", args: tuple[str, ...] = ("exit", "3")
 ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[str], Path]:
     """A server held in its imports (gate closed) and a client waiting for it: (server, client,
     gate)."""
@@ -309,7 +309,7 @@ def _queued_client(
     gate = tmp_path / "gate"
     proc, socket_path = _start_server(tmp_path, script, gate=gate)
     _wait_bound(proc, socket_path, tmp_path / "zygote.sock.log")
-    return proc, _client(script, "exit", "3", socket_path=socket_path, cwd=tmp_path), gate
+    return proc, _client(script, *args, socket_path=socket_path, cwd=tmp_path), gate
 
 
 def test_a_server_whose_imports_start_a_thread_refuses_and_waiting_clients_start_cold(
@@ -321,7 +321,7 @@ def test_a_server_whose_imports_start_a_thread_refuses_and_waiting_clients_start
     proc, client, gate = _queued_client(tmp_path, "import threaded_helper\n")
     log = tmp_path / "zygote.sock.log"
     try:
-        assert client.poll() is None
+        _wait_request_sent(client)  # queued before the server refused
         gate.touch()
         with client:
             out, _ = client.communicate(timeout=120)
@@ -335,12 +335,16 @@ def test_a_server_whose_imports_start_a_thread_refuses_and_waiting_clients_start
 def test_a_server_killed_during_its_imports_leaves_its_waiting_clients_to_start_cold(
     tmp_path: Path,
 ) -> None:
-    proc, client, _gate = _queued_client(tmp_path)
+    proc, client, _gate = _queued_client(tmp_path, args=("wait",))
     try:
-        assert client.poll() is None
+        _wait_request_sent(client)  # queued: it connected before the server died
         proc.kill()  # the gate stays closed: the server dies in its imports
         with client:
-            out, _ = client.communicate(timeout=120)
-        assert client.returncode == 3 and "warm=False argv=['exit', '3']" in out
+            line = _ready(client)  # the script runs in the client itself
+            assert int(line.split("pid=")[1]) == client.pid, line
+            # ... with a new interpreter's signal handling: SIGINT raises KeyboardInterrupt
+            client.send_signal(signal.SIGINT)
+            out, err = client.communicate(timeout=120)
+        assert "KeyboardInterrupt" in err, (out, err)
     finally:
         _stop(proc)

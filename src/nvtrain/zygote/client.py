@@ -131,8 +131,11 @@ def main(argv: list[str] | None = None) -> NoReturn:
         started = None
     if started is None or not isinstance(started.get("pid"), int):
         # No worker from the server (it stopped, refused, died or never answered): the
-        # connection's end takes any worker it forked late with it; start cold instead.
+        # connection's end takes any worker it forked late with it; start cold instead, with
+        # the signal dispositions a new interpreter has (SIGINT raises KeyboardInterrupt).
         sock.close()
+        for signum in FORWARDED:
+            signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
         _cold(script, module, worker_argv)
     pid.append(int(started["pid"]))
     for held in pending:
