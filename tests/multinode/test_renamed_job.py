@@ -54,7 +54,9 @@ def test_a_renamed_job_finds_its_peers(netns_available: None, tmp_path: Path) ->
                 nproc_per_node=NPROC,
                 steps=STEPS,
                 checkpoint_dir=checkpoints,
-                warm_start=False,  # the multi-node path as by default: workers start cold
+                # forked from each pod's server: the names are the point here, and cold
+                # multi-node starts are test_run_multinode's
+                warm_start=True,
             )
         )
         pods = [cluster.start_nvtrain(i, policy, run_id=RUN_ID) for i in range(NODES)]

@@ -69,8 +69,11 @@ def make_policy(
     port: int | None = None,
     rendezvous: dict[str, Any] | None = None,
     heartbeat: dict[str, Any] | None = None,
+    warm_start: bool = False,
 ) -> tuple[Path, dict[str, dict[str, Any]]]:
-    """A policy with short timeouts for process tests; returns (path, tables)."""
+    """A policy with short timeouts for process tests; returns (path, tables). ``warm_start``:
+    the workers are forked from the run's warm-start server (for runs that restart their workers:
+    each restart is then a fork, not a new interpreter importing torch again)."""
     job: dict[str, Any] = {"name": "proc-test"}
     if script is not None:
         job["script"] = script
@@ -82,6 +85,7 @@ def make_policy(
             "nproc_per_node": nproc,
             "stop_timeout": stop_timeout,
             "collective_timeout": "10s",
+            "warm_start": warm_start,
         }
     )
     tables: dict[str, dict[str, Any]] = {

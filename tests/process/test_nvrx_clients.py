@@ -23,7 +23,9 @@ STEP_TIME = 0.5
 
 
 def client_policy(tmp_path: Path, args: list[str], heartbeat: dict[str, Any]) -> Path:
-    _, tables = make_policy(tmp_path, script=str(BIN / "nvrx_client.py"), args=args, max_restarts=2)
+    _, tables = make_policy(
+        tmp_path, script=str(BIN / "nvrx_client.py"), args=args, max_restarts=2, warm_start=True
+    )
     tables["heartbeat"] = {"monitor_interval": f"{MONITOR_INTERVAL}s", **heartbeat}
     return write_policy(tmp_path, tables)
 

@@ -70,6 +70,7 @@ def test_the_metrics_contract_holds_on_a_real_run(nvtrain: NvtrainRunner, tmp_pa
         module="nvtrain.demo",
         args=["--steps", "60", "--step-time", "0.05"],
         heartbeat={"timeout": "15s"},
+        warm_start=True,  # the restart after the SIGKILL forks its workers
     )
     tables["checkpoint"].update({"interval": 10, "keep": 2})
     tables["metrics"] = {"enabled": True, "port": port, "refresh": "0.2s", "linger": "5m"}

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import psutil
 
 from nvtrain.launcher.rundir import remove_stale_host_copies
 
@@ -18,6 +21,12 @@ def test_only_this_run_and_nodes_folders_of_dead_launchers_are_removed(tmp_path:
         [sys.executable, "-c", "import sys; sys.stdin.read()", "nvtrain"], stdin=subprocess.PIPE
     )
     try:
+        # Until it has exec'd, the child's command line is this test process's (no "nvtrain"):
+        # the remover would rightly take it for another program's pid.
+        deadline = time.monotonic() + 60
+        while "nvtrain" not in psutil.Process(live.pid).cmdline():
+            assert time.monotonic() < deadline, psutil.Process(live.pid).cmdline()
+            time.sleep(0.01)
         names = {
             "stale": f"nvtrain-run-1-node0-{dead.pid}",
             "live": f"nvtrain-run-1-node0-{live.pid}",

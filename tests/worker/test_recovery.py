@@ -4,7 +4,11 @@ every step, and the events log shows which layer recovered each fault; ``tune-in
 --from-run`` reads the faulty run's timings.
 
 Both runs are real ``nvtrain run`` jobs (ft_launcher, 2 gloo ranks, NVRx in-process restart),
-started once for the module; each test below checks one property of the pair.
+started once for the module; each test below checks one property of the pair. The clean run
+starts cold, as by default; the faulty run's workers are forked from the pod's warm-start server
+(``[job] warm_start = true``), so that its four in-job restarts do not import torch eight times
+over (the cold path's in-job restarts are proven by tests/process/test_run_faults.py and the
+multi-node runs).
 """
 
 from __future__ import annotations
@@ -81,7 +85,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
     root = tmp_path_factory.mktemp("recovery")
     checkpoints = root / "ckpt"
     clean_policy = write_policy(root / "clean.toml", _tables(checkpoints))
-    faulty_policy = write_policy(root / "faulty.toml", _tables(checkpoints), FAULTS)
+    faulty_tables = _tables(checkpoints)
+    faulty_tables["job"]["warm_start"] = True
+    faulty_policy = write_policy(root / "faulty.toml", faulty_tables, FAULTS)
     # One after the other: on 2 cores, two jobs at once would trip the short timeouts.
     clean = run_nvtrain(clean_policy, "clean", checkpoints, root, RUN_TIMEOUT)
     faulty = run_nvtrain(faulty_policy, "faulty", checkpoints, root, RUN_TIMEOUT)
@@ -110,6 +116,16 @@ def test_recovered_run_ends_with_the_fingerprints_of_the_clean_run(runs: dict[st
     clean, faulty = _ok(runs["clean"]), _ok(runs["faulty"])
     assert sorted(clean.fingerprints()) == [0, 1], clean.describe()
     assert faulty.fingerprints() == clean.fingerprints(), faulty.describe()
+
+
+def test_the_faulty_runs_workers_were_forked_warm_and_the_clean_runs_cold(
+    runs: dict[str, RunResult],
+) -> None:
+    clean, faulty = _ok(runs["clean"]), _ok(runs["faulty"])
+    assert "warm start: off" not in faulty.output, faulty.describe()
+    starts = [e for e in faulty.events if e["event"] == "worker_start"]
+    assert len(starts) >= 2 * 5 and all(e.get("warm") is True for e in starts), starts
+    assert all(not e.get("warm") for e in clean.events if e["event"] == "worker_start")
 
 
 def test_recovered_loss_curve_matches_the_clean_run_step_for_step(runs: dict[str, RunResult]) -> None:

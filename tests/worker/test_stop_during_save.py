@@ -19,7 +19,7 @@ from worker_helpers import free_port_pair, kill_token, read_events, start_nvtrai
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
-SAVE_STEP = 10
+SAVE_STEP = 2
 
 
 def test_sigterm_during_an_async_write_commits_it_then_exits_143(tmp_path: Path) -> None:
