@@ -20,4 +20,6 @@ python3 -m nvtrain run benchmarks/checkpoint/gpu_demo.toml --run-id gpu4gb > "$o
 echo "4 GB demo exit $?"
 python3 -m nvtrain report /tmp/gpu-demo-ckpt/gpu4gb --json > "$out/gpu4gb-report.json"
 python3 -m nvtrain report /tmp/gpu-demo-ckpt/gpu4gb | sed -n '/Incidents/,/Restarts/p'
-cp /tmp/gpu-demo-ckpt/gpu4gb/events.jsonl "$out/gpu4gb-events.jsonl"
+for log in /tmp/gpu-demo-ckpt/gpu4gb/events*.jsonl; do  # every pod's: events-node<N>.jsonl
+  cp "$log" "$out/gpu4gb-${log##*/}"
+done

@@ -37,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 from side_by_side import free_port, policy_text, report, run_nvtrain  # noqa: E402
 
+from nvtrain.events import read_events  # noqa: E402
+from nvtrain.events.records import CheckpointCommitted, CheckpointRestored, CheckpointStaged  # noqa: E402
 from nvtrain.launcher.process import become_subreaper, kill_all  # noqa: E402
 from nvtrain.runlog import pod_files  # noqa: E402
 
@@ -62,28 +64,28 @@ def disk_rate(folder: Path, gigabytes: float) -> float:
 
 def saves(run_dir: Path) -> dict[str, Any]:
     """Blocked time of the first save and the later ones; background write rates."""
-    lines = [line for path in pod_files(run_dir) for line in path.read_text().splitlines()]
-    events = [json.loads(line) for line in lines if line.strip()]  # every pod's log
-    staged = [
-        e for e in events if e.get("event") == "checkpoint_staged" and e.get("is_async", e.get("async"))
-    ]
-    by_pid: dict[Any, list[dict[str, Any]]] = {}
+    # every pod's log, merged in time order
+    events = sorted((e for path in pod_files(run_dir) for e in read_events(path)), key=lambda e: e.ts)
+    staged = [e for e in events if isinstance(e, CheckpointStaged) and e.is_async]
+    by_pid: dict[int | None, list[CheckpointStaged]] = {}
     for e in staged:
-        by_pid.setdefault(e.get("pid"), []).append(e)
-    firsts = [v[0]["blocked_s"] for v in by_pid.values() if v]
-    later = [e["blocked_s"] for v in by_pid.values() for e in v[1:]]
-    commits = [e for e in events if e.get("event") == "checkpoint_committed" and e.get("write_s")]
-    rates = [e["bytes"] / e["write_s"] / 1e9 for e in commits if e.get("bytes")]
-    restored = [e for e in events if e.get("event") == "checkpoint_restored"]
+        by_pid.setdefault(e.pid, []).append(e)
+    firsts = [v[0].blocked_s for v in by_pid.values() if v]
+    later = [e.blocked_s for v in by_pid.values() for e in v[1:] if e.blocked_s is not None]
+    rates = [
+        e.bytes / e.write_s / 1e9
+        for e in events
+        if isinstance(e, CheckpointCommitted) and e.write_s and e.bytes
+    ]
+    restored = [e for e in events if isinstance(e, CheckpointRestored)]
     return {
         "load_s": {
-            origin: [e["seconds"] for e in restored if e.get("origin") == origin]
-            for origin in ("memory", "storage")
+            origin: [e.seconds for e in restored if e.origin == origin] for origin in ("memory", "storage")
         },
         "first_blocked_s": firsts,
         "later_blocked_median_s": statistics.median(later) if later else None,
         "write_gb_s": rates,
-        "bytes": max((e.get("bytes") or 0 for e in staged), default=0),
+        "bytes": max((e.bytes or 0 for e in staged), default=0),
     }
 
 

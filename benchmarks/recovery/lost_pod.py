@@ -32,7 +32,19 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "multinode"))
+sys.path.insert(0, str(REPO / "src"))
 from netns_pods import Cluster, environment_problem, policy_toml  # noqa: E402
+
+from nvtrain.events import read_events as events_in  # noqa: E402
+from nvtrain.events.records import (  # noqa: E402
+    CheckpointCommitted,
+    CheckpointReplicated,
+    CheckpointRestored,
+    CheckpointStaged,
+    Event,
+    Step,
+)
+from nvtrain.runlog import pod_files  # noqa: E402
 
 NODES, NPROC = 2, 2
 
@@ -59,16 +71,10 @@ def policy(cluster: Cluster, path: Path, checkpoints: Path, args: argparse.Names
     return path
 
 
-def read_events(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
+def read_events(run_dir: Path) -> list[Event]:
+    """Every pod's events in ``run_dir`` (``events-node<N>.jsonl``), merged in time order; []
+    before any was written."""
+    return sorted((e for path in pod_files(run_dir) for e in events_in(path)), key=lambda e: e.ts)
 
 
 def one_run(workdir: Path, args: argparse.Namespace, arm: str, repeat: int) -> dict[str, Any]:
@@ -76,20 +82,16 @@ def one_run(workdir: Path, args: argparse.Namespace, arm: str, repeat: int) -> d
     with Cluster(workdir / run_id, job=f"lp{repeat}{arm[0]}") as cluster:
         checkpoints = workdir / run_id / "checkpoints"
         path = policy(cluster, workdir / f"{run_id}.toml", checkpoints, args, arm == "peer")
-        events_path = checkpoints / run_id / "events.jsonl"
+        run_dir = checkpoints / run_id  # every pod's events log: events-node<N>.jsonl
         for i in range(NODES):
             cluster.start_nvtrain(i, path, run_id=run_id, publish=True)
         deadline = time.monotonic() + args.timeout
 
         def ready() -> bool:
-            events = read_events(events_path)
-            committed = any(
-                e.get("event") == "checkpoint_committed" and e.get("step") == args.saved for e in events
-            )
+            events = read_events(run_dir)
+            committed = any(isinstance(e, CheckpointCommitted) and e.step == args.saved for e in events)
             exchanged = {
-                e.get("rank")
-                for e in events
-                if e.get("event") == "checkpoint_replicated" and e.get("step") == args.saved
+                e.rank for e in events if isinstance(e, CheckpointReplicated) and e.step == args.saved
             }
             return committed and (arm == "storage" or exchanged == set(range(NODES * NPROC)))
 
@@ -107,28 +109,27 @@ def one_run(workdir: Path, args: argparse.Namespace, arm: str, repeat: int) -> d
         codes = {i: p.returncode() for i, p in cluster.pods.items()}
         if codes != {0: 0, 1: 0}:
             raise SystemExit(f"{run_id}: exit codes {codes}\n{cluster.describe()}")
-        events = read_events(events_path)
-    before = [e for e in events if e["ts"] < killed]
-    after = [e for e in events if e["ts"] > killed]
-    first_step = min(e["ts"] for e in after if e.get("event") == "step")
-    restores: dict[int, dict[str, Any]] = {}
+        events = read_events(run_dir)
+    before = [e for e in events if e.ts < killed]
+    after = [e for e in events if e.ts > killed]
+    first_step = min(e.ts for e in after if isinstance(e, Step))
+    restores: dict[int, CheckpointRestored] = {}
     for e in after:
-        if e.get("event") == "checkpoint_restored":
-            restores.setdefault(e["rank"], e)
-    exchanges = [e for e in before if e.get("event") == "checkpoint_replicated" and e.get("seconds")]
-    staged = [e for e in before if e.get("event") == "checkpoint_staged"]
+        if isinstance(e, CheckpointRestored) and e.rank is not None:
+            restores.setdefault(e.rank, e)
+    exchanges = [e for e in before if isinstance(e, CheckpointReplicated) and e.seconds]
+    staged = [e for e in before if isinstance(e, CheckpointStaged)]
     return {
         "arm": arm,
         "repeat": repeat,
         "kill_to_next_step_s": round(first_step - killed, 3),
         "restores": {
-            r: {"step": e.get("step"), "origin": e.get("origin"), "load_s": e.get("seconds")}
-            for r, e in sorted(restores.items())
+            r: {"step": e.step, "origin": e.origin, "load_s": e.seconds} for r, e in sorted(restores.items())
         },
-        "exchange_s": [e["seconds"] for e in exchanges],
-        "exchange_bytes": max((e.get("sent_bytes") or 0 for e in exchanges), default=0),
-        "blocked_s": [e["blocked_s"] for e in staged if e.get("blocked_s") is not None],
-        "state_bytes_per_rank": max((e.get("bytes") or 0 for e in staged), default=0),
+        "exchange_s": [e.seconds for e in exchanges],
+        "exchange_bytes": max((e.sent_bytes or 0 for e in exchanges), default=0),
+        "blocked_s": [e.blocked_s for e in staged if e.blocked_s is not None],
+        "state_bytes_per_rank": max((e.bytes or 0 for e in staged), default=0),
     }
 
 

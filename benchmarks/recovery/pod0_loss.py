@@ -22,7 +22,8 @@ step resumed from.
     # elsewhere: each pod gets a private /etc/hosts (unshare --mount + bind mount)
     .venv/bin/python benchmarks/recovery/pod0_loss.py --out /tmp/p0
 
-Pod logs are left in ``--out`` (``pod<i>-<incarnation>.log``, plus ``ckpt/<run id>/events.jsonl``).
+Pod logs are left in ``--out`` (``pod<i>-<incarnation>.log``, plus each pod's events log
+``ckpt/<run id>/events-node<N>.jsonl``).
 Exit status: 0 when every pod's last process exited 0, 1 otherwise.
 """
 
@@ -44,6 +45,11 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+from nvtrain.events import read_events as events_in  # noqa: E402
+from nvtrain.events.records import CheckpointRestored, DnsWait, Event, LauncherStarted, Step  # noqa: E402
+from nvtrain.runlog import pod_files  # noqa: E402
 
 JOB, DOMAIN = "pod0loss", "nvtrain.test"
 CONTROL = "control"
@@ -183,19 +189,23 @@ class Pod:
         return self.log.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
 
 
-def read_events(path: Path) -> list[dict[str, Any]]:
-    events = []
-    with contextlib.suppress(FileNotFoundError), path.open(encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            with contextlib.suppress(json.JSONDecodeError):
-                record = json.loads(line)
-                if isinstance(record, dict):
-                    events.append(record)
-    return events
+def read_events(run_dir: Path) -> list[Event]:
+    """Every pod's events in ``run_dir`` (``events-node<N>.jsonl``), merged in time order; []
+    before any was written."""
+    return sorted((e for path in pod_files(run_dir) for e in events_in(path)), key=lambda e: e.ts)
 
 
-def last_step(events: list[dict[str, Any]]) -> int:
-    return max((int(e["step"]) for e in events if e.get("event") == "step"), default=0)
+def last_step(events: list[Event]) -> int:
+    return max((e.step for e in events if isinstance(e, Step) and e.step is not None), default=0)
+
+
+def launcher_row(event: Event, killed_at: float) -> dict[str, Any]:
+    """A launcher event after the kill: when (s after it), which node, what, and its details."""
+    fields = event.fields()
+    details = {
+        k: fields[k] for k in ("error", "message", "exit_code", "cause", "nodes", "round") if k in fields
+    }
+    return {"t": round(event.ts - killed_at, 1), "node": event.node, "event": event.name} | details
 
 
 def wait_until(what: str, deadline: float, check: Any) -> bool:
@@ -216,7 +226,7 @@ def run(args: argparse.Namespace, out: Path, tmp: Path, prefix: list[str]) -> di
     )
     if check.returncode != 0:
         sys.exit(f"pod0_loss: nvtrain validate rejected {policy}:\n{check.stdout}{check.stderr}")
-    events_path = out / "ckpt" / run_id / "events.jsonl"
+    run_dir = out / "ckpt" / run_id  # every pod's events log: events-node<N>.jsonl
     argv = [*prefix, sys.executable, "-m", "nvtrain", "run", str(policy), "--run-id", run_id]
     victim = args.kill_pod
     control = None
@@ -232,11 +242,11 @@ def run(args: argparse.Namespace, out: Path, tmp: Path, prefix: list[str]) -> di
             f"step {args.kill_at}",
             started + args.timeout,
             lambda: (
-                last_step(read_events(events_path)) >= args.kill_at
+                last_step(read_events(run_dir)) >= args.kill_at
                 or any(p.proc.poll() is not None for p in all_pods)
             ),
         )
-        step_at_kill = last_step(read_events(events_path))
+        step_at_kill = last_step(read_events(run_dir))
         if not reached or any(p.proc.poll() is not None for p in all_pods):
             sys.exit(
                 f"pod0_loss: no kill: step {step_at_kill}, exit codes {[p.proc.poll() for p in all_pods]}"
@@ -263,20 +273,17 @@ def run(args: argparse.Namespace, out: Path, tmp: Path, prefix: list[str]) -> di
     finally:
         for pod in all_pods:
             pod.kill()
-    events = read_events(events_path)
-    after = [e for e in events if e.get("ts", 0) > killed_at]
+    events = read_events(run_dir)
+    after = [e for e in events if e.ts > killed_at]
     # A step after the kill counts as recovered only from a new attempt (new process or
     # in-process iteration): a survivor may still log the step it had in flight.
-    before = {
-        (e.get("pid"), e.get("attempt")) for e in events if e.get("event") == "step" and e["ts"] <= killed_at
-    }
-    steps = [e for e in after if e.get("event") == "step" and (e.get("pid"), e.get("attempt")) not in before]
+    before = {(e.pid, e.attempt) for e in events if isinstance(e, Step) and e.ts <= killed_at}
+    steps = [e for e in after if isinstance(e, Step) and (e.pid, e.attempt) not in before]
     first = steps[0] if steps else None
     launcher = [
-        {"t": round(e["ts"] - killed_at, 1), "node": e.get("node"), "event": e["event"]}
-        | {k: e[k] for k in ("error", "message", "exit_code", "cause", "nodes", "round") if k in e}
+        launcher_row(e, killed_at)
         for e in after
-        if e.get("source") == "launcher" and e["event"] not in ("dns_wait", "launcher_started")
+        if e.by_launcher and not isinstance(e, DnsWait | LauncherStarted)
     ]
     return {
         "nvrx": importlib.metadata.version("nvidia-resiliency-ext"),
@@ -294,12 +301,12 @@ def run(args: argparse.Namespace, out: Path, tmp: Path, prefix: list[str]) -> di
         "finished_in_time": finished,
         "last_step": last_step(events),
         "steps": args.steps,
-        "kill_to_first_step_s": None if first is None else round(first["ts"] - killed_at, 2),
-        "restart_to_first_step_s": None if first is None else round(first["ts"] - restarted_at, 2),
-        "first_step_after_kill": None if first is None else first.get("step"),
-        "resumed_from": [e.get("step") for e in after if e.get("event") == "checkpoint_restored"],
+        "kill_to_first_step_s": None if first is None else round(first.ts - killed_at, 2),
+        "restart_to_first_step_s": None if first is None else round(first.ts - restarted_at, 2),
+        "first_step_after_kill": None if first is None else first.step,
+        "resumed_from": [e.step for e in after if isinstance(e, CheckpointRestored)],
         "launcher_events_after_kill": launcher[:40],
-        "events": str(events_path),
+        "events": str(run_dir),
         "tails": {p.log.name: p.tail(40) for p in all_pods},
     }
 

@@ -57,7 +57,10 @@ from typing import Any
 
 import psutil
 
+from nvtrain.events import read_events
+from nvtrain.events.records import LauncherStarted
 from nvtrain.launcher.process import become_subreaper, descendants, kill_all
+from nvtrain.runlog import pod_files
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "worker.py"
@@ -147,13 +150,15 @@ def _marks(text: str, rundir: Path) -> dict[str, float]:
     m = _AGENT_EXIT.search(text)
     if m:  # logging's asctime: local time, milliseconds
         marks["agent_exit"] = datetime.datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-    for events in rundir.glob("checkpoints/*/events*.jsonl"):  # one log per pod: events-node<N>
-        for line in events.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                record = json.loads(line)
-                if record.get("event") == "launcher_started":
-                    marks["nvtrain_spawned"] = float(record["ts"])
-                    break
+    started = [
+        e.ts
+        for run_dir in sorted(rundir.glob("checkpoints/*"))
+        for path in pod_files(run_dir)  # one log per pod: events-node<N>.jsonl
+        for e in read_events(path)
+        if isinstance(e, LauncherStarted)
+    ]
+    if started:  # the first start of ft_launcher (a relaunch starts it again)
+        marks["nvtrain_spawned"] = min(started)
     return marks
 
 

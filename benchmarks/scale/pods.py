@@ -56,18 +56,36 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "multinode"))
+sys.path.insert(0, str(REPO / "src"))
 from netns_pods import Cluster, Pod, environment_problem, list_namespaces, namespace_pids  # noqa: E402
+
+from nvtrain.events import parse_event  # noqa: E402
+from nvtrain.events.records import (  # noqa: E402
+    DnsResolved,
+    Event,
+    LauncherError,
+    LauncherStart,
+    LauncherStarted,
+    Relaunch,
+    RendezvousDone,
+    Step,
+    WorkerFailed,
+    WorkerStart,
+)
+from nvtrain.runlog import RunTail, pod_files  # noqa: E402
 
 JOB = "scale"
 WORKER_MODULE = "nvtrain.demo"
 LAUNCHER_MODULE = "nvidia_resiliency_ext.fault_tolerance.launcher"
 STORE_PORT = 29500
+
+E = TypeVar("E", bound=Event)
 
 
 class Failed(RuntimeError):
@@ -124,64 +142,57 @@ keep = 2
 
 
 class EventsTail:
-    """Reads the run's events log as it grows (complete lines only)."""
+    """Reads the run's events logs (every pod's ``events-node<N>.jsonl`` in the run directory)
+    as they grow: ``events``, every valid event so far in time order."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.events: list[dict[str, Any]] = []
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._tail = RunTail(run_dir)
+        self.events: list[Event] = []
 
-    def poll(self) -> list[dict[str, Any]]:
-        try:
-            with self.path.open("rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read()
-        except FileNotFoundError:
-            return self.events
-        end = data.rfind(b"\n") + 1
-        self.offset += end
-        for line in data[:end].splitlines():
-            with contextlib.suppress(ValueError):
-                record = json.loads(line)
-                if isinstance(record, dict):
-                    self.events.append(record)
+    def poll(self) -> list[Event]:
+        new = self._tail.poll()
+        if new:  # the pods' logs are read one after the other: merge them in time order
+            self.events.extend(new)
+            self.events.sort(key=lambda e: e.ts)
         return self.events
 
-    def named(self, name: str) -> list[dict[str, Any]]:
-        return [e for e in self.events if e.get("event") == name]
+    def of(self, kind: type[E]) -> list[E]:
+        """The events so far that are ``kind`` records."""
+        return [e for e in self.events if isinstance(e, kind)]
 
 
-def _steps(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [e for e in events if e.get("event") == "step" and isinstance(e.get("step"), int)]
+def _steps(events: list[Event]) -> list[Step]:
+    return [e for e in events if isinstance(e, Step) and e.step is not None]
 
 
 def max_step(tail: EventsTail) -> int:
-    return max((e["step"] for e in _steps(tail.events)), default=0)
+    return max((e.step for e in _steps(tail.events) if e.step is not None), default=0)
 
 
-def new_steps(tail: EventsTail, after: float, old_pids: set[int]) -> list[dict[str, Any]]:
+def new_steps(tail: EventsTail, after: float, old_pids: set[int]) -> list[Step]:
     """Step events after ``after`` from worker processes that did not step before."""
-    return [e for e in _steps(tail.events) if e["ts"] > after and e.get("pid") not in old_pids]
+    return [e for e in _steps(tail.events) if e.ts > after and e.pid not in old_pids]
 
 
 def stepping_pids(tail: EventsTail) -> set[int]:
-    return {int(e["pid"]) for e in _steps(tail.events) if "pid" in e}
+    return {e.pid for e in _steps(tail.events) if e.pid is not None}
 
 
 def milestones(tail: EventsTail, after: float, until: float) -> dict[str, float | None]:
     """For each launcher/worker milestone: the last node's first event in (after, until],
     relative to ``after`` (the last node is what the whole job waits for)."""
     out: dict[str, float | None] = {}
-    for name in ("launcher_start", "dns_resolved", "launcher_started", "worker_failed", "rendezvous_done"):
+    for kind in (LauncherStart, DnsResolved, LauncherStarted, WorkerFailed, RendezvousDone):
         first: dict[Any, float] = {}
-        for e in tail.named(name):
-            if after < e["ts"] <= until:
-                first.setdefault(e.get("node"), e["ts"])
-        out[name] = round(max(first.values()) - after, 3) if first else None
+        for e in tail.of(kind):
+            if after < e.ts <= until:
+                first.setdefault(e.node, e.ts)
+        out[kind.NAME] = round(max(first.values()) - after, 3) if first else None
     first_start: dict[Any, float] = {}
-    for e in tail.named("worker_start"):
-        if after < e["ts"] <= until:
-            first_start.setdefault(e.get("rank"), e["ts"])
+    for start in tail.of(WorkerStart):
+        if after < start.ts <= until:
+            first_start.setdefault(start.rank, start.ts)
     out["worker_start"] = round(max(first_start.values()) - after, 3) if first_start else None
     return out
 
@@ -313,34 +324,34 @@ def wait_for(
         time.sleep(0.25)
 
 
-def first_step_times(steps: list[dict[str, Any]], ranks: int) -> tuple[float, float] | None:
+def first_step_times(steps: list[Step], ranks: int) -> tuple[float, float] | None:
     """(first step, the time by which every rank had a step) or None before every rank did."""
     first: dict[Any, float] = {}
-    for e in sorted(steps, key=lambda e: e["ts"]):
-        first.setdefault(e.get("rank"), e["ts"])
+    for e in sorted(steps, key=lambda e: e.ts):
+        first.setdefault(e.rank, e.ts)
     if len(first) < ranks:
         return None
     return min(first.values()), max(first.values())
 
 
-def pod_of(record: dict[str, Any]) -> int:
+def pod_of(record: Event) -> int:
     """The pod an event came from: its ``host`` (``<job>-<i>``, the pod's hostname; worker events
     carry no ``node``), else its ``node``, else -1."""
-    host = str(record.get("host", ""))
+    host = record.host or ""
     if host.startswith(f"{JOB}-") and host[len(JOB) + 1 :].isdigit():
         return int(host[len(JOB) + 1 :])
-    node = record.get("node")
-    return node if isinstance(node, int) else -1
+    return record.node if record.node is not None else -1
 
 
-def log_by_pod(path: Path, start: float, end: float) -> dict[int, dict[str, int]]:
-    """Lines and bytes of the events log per pod, for events with ``start < ts <= end``."""
+def log_by_pod(run_dir: Path, start: float, end: float) -> dict[int, dict[str, int]]:
+    """Lines and bytes of the run's events logs (every pod's) per pod, for events with
+    ``start < ts <= end``."""
     out: dict[int, dict[str, int]] = {}
-    with path.open("rb") as handle:
-        for line in handle:
-            with contextlib.suppress(ValueError):
-                record = json.loads(line)
-                if isinstance(record, dict) and start < record.get("ts", 0) <= end:
+    for path in pod_files(run_dir):
+        with path.open("rb") as handle:
+            for line in handle:
+                record = parse_event(line)
+                if record is not None and start < record.ts <= end:
                     row = out.setdefault(pod_of(record), {"lines": 0, "bytes": 0})
                     row["lines"] += 1
                     row["bytes"] += len(line)
@@ -350,7 +361,7 @@ def log_by_pod(path: Path, start: float, end: float) -> dict[int, dict[str, int]
 def step_ts(tail: EventsTail, step: int) -> float | None:
     """When ``step`` was first completed by any rank (steps that are logged: multiples of 10,
     saves, first steps of an attempt)."""
-    times = [e["ts"] for e in _steps(tail.events) if e["step"] == step]
+    times = [e.ts for e in _steps(tail.events) if e.step == step]
     return min(times) if times else None
 
 
@@ -361,8 +372,8 @@ def one_run(nodes: int, repeat: int, opts: argparse.Namespace, root: Path) -> di
     checkpoints = workdir / "checkpoints"
     policy = workdir / "policy.toml"
     policy.write_text(policy_text(opts, nodes, checkpoints))
-    events_path = checkpoints / run_id / "events.jsonl"
-    tail = EventsTail(events_path)
+    run_dir = checkpoints / run_id  # every pod's events log: events-node<N>.jsonl
+    tail = EventsTail(run_dir)
     victim = nodes - 1
     slow = opts.timeout_per_pod * nodes  # every pod's torch import shares the same 2 cores
     result: dict[str, Any] = {
@@ -430,7 +441,7 @@ def one_run(nodes: int, repeat: int, opts: argparse.Namespace, root: Path) -> di
                 if k != "connections"
             },
         }
-        per_node = log_by_pod(events_path, ta, tb)
+        per_node = log_by_pod(run_dir, ta, tb)
         span = tb - ta
         result["steady"] = {
             "from_step": a,
@@ -516,22 +527,22 @@ def one_run(nodes: int, repeat: int, opts: argparse.Namespace, root: Path) -> di
 
         # the whole run's log ----------------------------------------------------------------
         tail.poll()
-        whole = log_by_pod(events_path, 0, float("inf"))
+        whole = log_by_pod(run_dir, 0, float("inf"))
         result["log"] = {
             "lines": sum(v["lines"] for v in whole.values()),
             "bytes": sum(v["bytes"] for v in whole.values()),
             "by_pod": whole,
             "last_step": max_step(tail),
             "seconds": round(time.time() - t0, 1),
-            "relaunches": len(tail.named("relaunch")),
-            "launcher_errors": len(tail.named("launcher_error")),
+            "relaunches": len(tail.of(Relaunch)),
+            "launcher_errors": len(tail.of(LauncherError)),
         }
         result["console_log_bytes"] = {
             f"{p.index}.g{p.generation}": p.log_path.stat().st_size for p in cluster.history
         }
         result["dns_queries"] = dns_queries(cluster.dns_log, windows)
         result["log"]["lines_per_pod_in"] = {
-            name: statistics.median(v["lines"] for v in log_by_pod(events_path, *span).values())
+            name: statistics.median(v["lines"] for v in log_by_pod(run_dir, *span).values())
             for name, span in windows.items()
         }
         result["ok"] = True

@@ -252,7 +252,7 @@ def startup_ptr(pods: int, pairs: int, src: Path) -> list[dict[str, Any]]:
                         (Path("/etc/netns") / members[0].ns / "resolv.conf").write_text(
                             f"nameserver {cluster.subnet}.250\noptions timeout:1 attempts:2\n"
                         )
-                    tail = driver.EventsTail(root / "checkpoints" / run_id / "events.jsonl")
+                    tail = driver.EventsTail(root / "checkpoints" / run_id)  # every pod's log
                     start = time.time()
                     for pod in members:
                         cluster.run_pod(

@@ -38,9 +38,12 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
+
+if TYPE_CHECKING:
+    from nvtrain.events.records import Event
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = [ROOT / "src"]  # the nvtrain sources the runs use (--snapshot: an extracted commit)
@@ -228,44 +231,40 @@ def describe(proc: psutil.Process) -> str:
     return str(proc.pid)
 
 
-def read_events(path: Path) -> list[dict[str, Any]]:
-    events = []
-    if not path.is_file():
-        return events
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        with contextlib.suppress(ValueError):
-            event = json.loads(line)
-            if isinstance(event, dict) and "event" in event:
-                events.append(event)
-    return events
+def read_events(run_dir: Path) -> list[Event]:
+    """Every pod's events in the run directory ``run_dir`` (``events-node<N>.jsonl``; an older
+    run's ``events.jsonl``), merged in time order; [] when there is none."""
+    # nvtrain is imported once main has put SRC first on the path (so is every reader here)
+    from nvtrain.events import read_events as events_in
+    from nvtrain.runlog import pod_files
+
+    return sorted((e for path in pod_files(run_dir) for e in events_in(path)), key=lambda e: e.ts)
 
 
 class Killer(threading.Thread):
     """SIGKILLs a random living worker of the run at random times (exponential gaps), from
     outside; also notes every pid of the run it sees (for the leftover-file check)."""
 
-    def __init__(self, events_path: Path, out_path: Path, token: str, mean_gap: float, seed: int) -> None:
+    def __init__(self, run_dir: Path, out_path: Path, token: str, mean_gap: float, seed: int) -> None:
+        from nvtrain.runlog import RunTail
+
         super().__init__(daemon=True)
-        self.events_path, self.out_path, self.token = events_path, out_path, token
+        self.out_path, self.token = out_path, token
+        self._tail = RunTail(run_dir)  # every pod's events log in the run directory
         self.mean_gap, self.rng = mean_gap, random.Random(seed)
         self.stop = threading.Event()
         self.kills: list[dict[str, Any]] = []
         self.seen_pids: set[int] = set()
-        self._offset = 0
-        self._ranks: dict[int, int] = {}  # worker pid -> rank (worker_start events)
+        self._ranks: dict[int, int | None] = {}  # worker pid -> rank (worker_start events)
 
     def _scan_events(self) -> None:
-        with contextlib.suppress(OSError), self.events_path.open("rb") as f:
-            f.seek(self._offset)
-            data = f.read()
-            cut = data.rfind(b"\n") + 1
-            self._offset += cut
-            for line in data[:cut].splitlines():
-                with contextlib.suppress(ValueError):
-                    event = json.loads(line)
-                    if event.get("event") == "worker_start" and isinstance(event.get("pid"), int):
-                        self._ranks[event["pid"]] = event.get("rank")
-                        self.seen_pids.add(event["pid"])
+        from nvtrain.events.records import WorkerStart
+
+        with contextlib.suppress(OSError):
+            for event in self._tail.poll():
+                if isinstance(event, WorkerStart) and event.pid is not None:
+                    self._ranks[event.pid] = event.rank
+                    self.seen_pids.add(event.pid)
 
     def _finished(self) -> bool:
         with contextlib.suppress(OSError):
@@ -353,7 +352,7 @@ def run_job(
     sid = proc.pid
     killer = None
     if kill_gap:
-        killer = Killer(ckpt / run_id / "events.jsonl", out_path, token, kill_gap, seed)
+        killer = Killer(ckpt / run_id, out_path, token, kill_gap, seed)
         killer.start()
     try:
         code: int | None = proc.wait(timeout)
@@ -386,7 +385,7 @@ def run_job(
         while os.waitpid(-1, os.WNOHANG)[0] > 0:
             pass
     pids = set(killer.seen_pids) if killer else set()
-    pids |= {e["pid"] for e in read_events(ckpt / run_id / "events.jsonl") if isinstance(e.get("pid"), int)}
+    pids |= {e.pid for e in read_events(ckpt / run_id) if e.pid is not None}
     pids.discard(os.getpid())
     files, empty_dirs = leftover_files(tmpdir, shm_before, tmp_before, run_id, pids)
     output = out_path.read_text(encoding="utf-8", errors="replace")
@@ -440,6 +439,8 @@ def leftover_files(
 def reuse_reference(folder: Path, policy: str) -> dict[str, Any]:
     """The fault-free run of an earlier soak's --out ``folder`` (same job arguments: checked
     on the [job] args line of its clean.toml), instead of running it again."""
+    from nvtrain.events.records import LauncherExit
+
     theirs = (folder / "clean.toml").read_text()
     args_line = next(line for line in policy.splitlines() if line.startswith("args = "))
     assert args_line in theirs.splitlines(), f"{folder}/clean.toml has other job arguments than {args_line}"
@@ -449,17 +450,17 @@ def reuse_reference(folder: Path, policy: str) -> dict[str, Any]:
     prints: dict[int, set[str]] = {}
     for rank, digest in FINGERPRINT.findall(output):
         prints.setdefault(int(rank), set()).add(digest)
-    events = read_events(folder / "ckpt" / run_id / "events.jsonl")
-    exits = [e.get("exit_code") for e in events if e["event"] == "launcher_exit"]
+    events = read_events(folder / "ckpt" / run_id)
+    exits = [e.exit_code for e in events if isinstance(e, LauncherExit)]
     alive = [describe(p) for p in psutil.process_iter() if carries(p, "-", run_id)]
     files, empty = leftover_files(folder / f"tmp-{run_id}", set(), set(), run_id, set())
-    wall = events[-1]["ts"] - events[0]["ts"] if events else None
+    wall = events[-1].ts - events[0].ts if events else None
     return {
         "run_id": run_id,
         "reused_from": str(folder),
         "exit_code": exits[-1] if exits else None,
         "wall_s": None if wall is None else round(wall, 1),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(events[0]["ts"])) if events else None,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(events[0].ts)) if events else None,
         "fingerprints": {str(r): sorted(d) for r, d in sorted(prints.items())},
         "processes_at_exit": [],
         "leftover_processes": alive,
@@ -473,53 +474,55 @@ def reuse_reference(folder: Path, policy: str) -> dict[str, Any]:
 # -- checks -------------------------------------------------------------------------------------
 
 
-def check_restores(events: list[dict[str, Any]], ranks: int) -> dict[str, Any]:
+def check_restores(events: list[Event], ranks: int) -> dict[str, Any]:
     """Walk the log in time order: a step's latest status (committed, partial, corrupt,
     rejected) at the time of each restore must be 'committed'."""
+    from nvtrain.events.records import (
+        CheckpointAlreadyCommitted,
+        CheckpointCommitted,
+        CheckpointCorrupt,
+        CheckpointPartial,
+        CheckpointRejected,
+        CheckpointRestored,
+    )
+
     status: dict[int, str] = {}
-    problems, restores = [], []
-    ordered = sorted(events, key=lambda e: e.get("ts", 0.0))
-    for e in ordered:
-        kind, step = e["event"], e.get("step")
-        if kind in ("checkpoint_committed", "checkpoint_already_committed") and step is not None:
-            status[step] = "committed"
-        elif kind in ("checkpoint_partial", "checkpoint_corrupt", "checkpoint_rejected") and step is not None:
-            if status.get(step) == "committed" and kind != "checkpoint_partial":
-                status[step] = kind  # a committed folder found bad afterwards
-            elif status.get(step) != "committed":
-                status[step] = kind
-        elif kind == "checkpoint_restored" and step:
+    problems: list[str] = []
+    restores: list[CheckpointRestored] = []
+    for e in sorted(events, key=lambda e: e.ts):
+        if isinstance(e, CheckpointCommitted | CheckpointAlreadyCommitted) and e.step is not None:
+            status[e.step] = "committed"
+        elif isinstance(e, CheckpointPartial | CheckpointCorrupt | CheckpointRejected) and e.step is not None:
+            if status.get(e.step) == "committed" and not isinstance(e, CheckpointPartial):
+                status[e.step] = e.name  # a committed folder found bad afterwards
+            elif status.get(e.step) != "committed":
+                status[e.step] = e.name
+        elif isinstance(e, CheckpointRestored) and e.step:
             restores.append(e)
-            if status.get(step) != "committed":
+            if status.get(e.step) != "committed":
                 problems.append(
-                    f"rank {e.get('rank')} restored step {step} from {e.get('origin')} at {e['ts']:.3f}, "
-                    f"its status then: {status.get(step, 'never committed')}"
+                    f"rank {e.rank} restored step {e.step} from {e.origin} at {e.ts:.3f}, "
+                    f"its status then: {status.get(e.step, 'never committed')}"
                 )
     # The ranks of one recovery restore the same step: restores closer than 5 s form a group.
-    groups: list[list[dict[str, Any]]] = []
-    for e in sorted(restores, key=lambda e: e["ts"]):
-        if groups and e["ts"] - groups[-1][-1]["ts"] < 5.0:
-            groups[-1].append(e)
+    groups: list[list[CheckpointRestored]] = []
+    for r in sorted(restores, key=lambda r: r.ts):
+        if groups and r.ts - groups[-1][-1].ts < 5.0:
+            groups[-1].append(r)
         else:
-            groups.append([e])
-    disagreements = [
-        [(e.get("rank"), e["step"], e.get("origin")) for e in g]
-        for g in groups
-        if len({e["step"] for e in g}) > 1
-    ]
-    incomplete = [
-        [(e.get("rank"), e["step"]) for e in g] for g in groups if len({e.get("rank") for e in g}) < ranks
-    ]
+            groups.append([r])
+    disagreements = [[(r.rank, r.step, r.origin) for r in g] for g in groups if len({r.step for r in g}) > 1]
+    incomplete = [[(r.rank, r.step) for r in g] for g in groups if len({r.rank for r in g}) < ranks]
     origins: dict[str, int] = {}
-    for e in restores:
-        origins[str(e.get("origin"))] = origins.get(str(e.get("origin")), 0) + 1
+    for r in restores:
+        origins[str(r.origin)] = origins.get(str(r.origin), 0) + 1
     return {
         "restores": len(restores),
         "by_origin": origins,
         "committed_steps": len([s for s, v in status.items() if v == "committed"]),
-        "partial_found": sum(e["event"] == "checkpoint_partial" for e in events),
-        "corrupt_found": sum(e["event"] == "checkpoint_corrupt" for e in events),
-        "rejected": sum(e["event"] == "checkpoint_rejected" for e in events),
+        "partial_found": sum(isinstance(e, CheckpointPartial) for e in events),
+        "corrupt_found": sum(isinstance(e, CheckpointCorrupt) for e in events),
+        "rejected": sum(isinstance(e, CheckpointRejected) for e in events),
         "recoveries_with_restore": len(groups),
         "problems": problems,
         "step_disagreements": disagreements,
@@ -527,8 +530,10 @@ def check_restores(events: list[dict[str, Any]], ranks: int) -> dict[str, Any]:
     }
 
 
-def check_faults(events: list[dict[str, Any]], planned: list[dict[str, Any]]) -> dict[str, Any]:
-    fired = sorted((e["step"], e["rank"], e["kind"]) for e in events if e["event"] == "fault_injected")
+def check_faults(events: list[Event], planned: list[dict[str, Any]]) -> dict[str, Any]:
+    from nvtrain.events.records import FaultInjected
+
+    fired = sorted((e.step, e.rank, e.kind) for e in events if isinstance(e, FaultInjected))
     wanted = sorted((f["step"], f["rank"], f["kind"]) for f in planned)
     return {
         "planned": len(wanted),
@@ -689,7 +694,7 @@ def main() -> int:
     soak = run_job(soak_policy, soak_id, out, timeout, args.kill_every, args.seed + 1, ckpt)
     log(f"soak: exit {soak['exit_code']} in {soak['wall_s']} s, {len(soak['external_kills'])} external kills")
 
-    events = read_events(ckpt / soak_id / "events.jsonl")
+    events = read_events(ckpt / soak_id)
     restores = check_restores(events, args.nproc)
     fired = check_faults(events, faults)
     rep = report(ckpt / soak_id)
