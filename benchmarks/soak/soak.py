@@ -180,12 +180,20 @@ def child_env(token: str, tmpdir: Path) -> dict[str, str]:
     env = {
         k: v for k, v in os.environ.items() if k not in CLEARED_NAMES and not k.startswith(CLEARED_PREFIXES)
     }
-    env.update({"PYTHONUNBUFFERED": "1", TOKEN_VAR: token, "TMPDIR": str(tmpdir), "PYTHONPATH": str(SRC[0])})
+    env.update(
+        {"PYTHONUNBUFFERED": "1", TOKEN_VAR: token, "TMPDIR": str(tmpdir), "PYTHONPATH": python_path()}
+    )
     return env
 
 
+def python_path() -> str:
+    """nvtrain's sources first, then the caller's PYTHONPATH (where NVRx is installed apart, as
+    on the GPU machine: benchmarks/recovery/nvrx_site.sh)."""
+    return os.pathsep.join(p for p in (str(SRC[0]), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def tool_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(SRC[0])}
+    return {**os.environ, "PYTHONPATH": python_path()}
 
 
 def snapshot(rev: str, dest: Path) -> str:
