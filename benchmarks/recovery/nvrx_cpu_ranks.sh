@@ -16,7 +16,7 @@ python3 benchmarks/recovery/one_gpu_two_ranks.py 2>&1 | grep -v Warning | tee "$
 # The rest runs on the CPUs: hide the GPU, or each rank takes cuda:<local rank> (context.py).
 export CUDA_VISIBLE_DEVICES=
 timeout $((3 * soak_s + 150)) python3 benchmarks/soak/soak.py --duration "$soak_s" --snapshot none \
-  --out /tmp/soak-nvrx --json "$out/soak.json" --interval 10 --fault-every 20 --kill-every 40 \
+  --out /tmp/soak-nvrx --json "$out/soak.json" --interval 8 --fault-every 30 --kill-every 40 \
   --seed 19 --timeout $((2 * soak_s + 120)) > "$out/soak.log" 2>&1 &
 soak=$!
 # pytest-benchmark (installed there) warns under xdist, and the suite turns warnings into errors.
