@@ -159,6 +159,39 @@ def test_checkpointer_works_without_a_process_group(tmp_path: Path) -> None:
     assert not dist.is_initialized()
 
 
+def test_a_rank_leaves_the_partial_folder_alone_once_its_manifest_is_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0 commits (renames the partial folder) as soon as every rank's manifest is in it. A
+    rank that touched the old path after its manifest appeared (it fsynced the folder) failed with
+    ENOENT, and a committed save was then reported failed and its host copy dropped (seen under
+    load in the 4-rank fault matrix: the next restore came from storage). Here rank 0's commit
+    lands at the worst instant: right after the manifest's rename."""
+    import os
+
+    import nvtrain.worker.checkpoint as checkpoint
+
+    model, optimizer = _model(0)
+    ckpt = _checkpointer(tmp_path / "run", model, optimizer, _policy(True))
+    folder = tmp_path / "run" / "step-000025.partial-ab12cd"
+    folder.mkdir(parents=True)
+    (folder / "__0_0.distcp").write_bytes(b"shard")
+    (folder / "extra-rank0.pt").write_bytes(b"extra")
+    committed = tmp_path / "run" / "step-000025"
+    replace = os.replace
+
+    def replace_then_rank_0_commits(src: Any, dst: Any) -> None:
+        replace(src, dst)
+        if Path(dst).name.startswith("manifest-rank"):
+            os.rename(folder, committed)
+
+    monkeypatch.setattr(checkpoint.os, "replace", replace_then_rank_0_commits)
+    ckpt._write_manifest(checkpoint._Save(25, folder, None, token="ab12cd"))
+    manifest = json.loads((committed / "manifest-rank0.json").read_text())
+    assert sorted(manifest) == ["__0_0.distcp", "extra-rank0.pt"]
+    assert manifest["extra-rank0.pt"]["size"] == 5
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_save_commits_a_complete_folder_with_manifests(tmp_path: Path, mode: str) -> None:
     run_dir, log = tmp_path / "run", tmp_path / "events.jsonl"

@@ -123,13 +123,23 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_durable(path: Path, data: bytes) -> None:
+def _publish(path: Path, data: bytes) -> None:
+    """Write ``data`` to disk, then make it appear at ``path`` in one rename, the last thing done
+    in that folder. A rank's manifest is published this way: once every rank's is there, rank 0
+    commits and renames the partial folder, so a rank must not touch the old path afterwards (an
+    fsync of the folder there failed with ENOENT under load, and a committed save was reported
+    failed). The manifests' names become durable when rank 0 fsyncs the folder (``_write_durable``
+    of COMMITTED), which it does after reading them all and before the rename that commits."""
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
+
+
+def _write_durable(path: Path, data: bytes) -> None:
+    _publish(path, data)
     _fsync_dir(path.parent)
 
 
@@ -704,7 +714,7 @@ class Checkpointer:
         with concurrent.futures.ThreadPoolExecutor(max(1, min(len(mine), self.write_threads))) as pool:
             digests = list(pool.map(_digest, mine))
         manifest = {p.name: {"size": p.stat().st_size, "xxh3": d} for p, d in zip(mine, digests, strict=True)}
-        _write_durable(
+        _publish(
             save.folder / f"manifest-rank{self.rank}.json", json.dumps(manifest, sort_keys=True).encode()
         )
         if save.held is not None and save.held.state is not None and self.host is None:
