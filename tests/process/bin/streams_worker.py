@@ -7,9 +7,11 @@ from __future__ import annotations
 import os
 import sys
 
-# One write per line: the ranks share the launcher's pipe, and with PYTHONUNBUFFERED a print
-# is two writes (text, newline) that another rank's line can come between.
-sys.stdout.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
+# One write per line, on both streams: the ranks share the launcher's pipes, and with
+# PYTHONUNBUFFERED a print is two writes (text, newline) that another rank's line can come
+# between (seen on stderr under stress-ng: "STREAM ERR rank=1STREAM ERR rank=0\n\n").
+for stream in (sys.stdout, sys.stderr):
+    stream.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
 
 rank = os.environ["RANK"]
 print(f"STREAM OUT rank={rank}", flush=True)
