@@ -187,6 +187,7 @@ def test_a_rank_leaves_the_partial_folder_alone_once_its_manifest_is_there(
 
     monkeypatch.setattr(checkpoint.os, "replace", replace_then_rank_0_commits)
     ckpt._write_manifest(checkpoint._Save(25, folder, None, token="ab12cd"))
+    ckpt.close()
     manifest = json.loads((committed / "manifest-rank0.json").read_text())
     assert sorted(manifest) == ["__0_0.distcp", "extra-rank0.pt"]
     assert manifest["extra-rank0.pt"]["size"] == 5
