@@ -1,7 +1,9 @@
 """The root cause names the rank that failed first, under the real ft_launcher (NVRx 0.4.1 on
 CPU, gloo): rank 1 raises; rank 0's all-reduce breaks and it exits at once, so ft_launcher
 usually finds both dead in one look and names local rank 0 (the lowest). nvtrain reads the
-traceback torch.distributed printed for rank 1 and names it."""
+traceback torch.distributed printed for rank 1 and names it. Rarely (seen once, under
+stress-ng) rank 1's exit aborts after its traceback ("terminate called without an active
+exception", SIGABRT) and ft_launcher names rank 1 itself: its exception is still in the cause."""
 
 from __future__ import annotations
 

@@ -348,6 +348,7 @@ def _failed(**fields: object) -> list[Logged]:
         (_in_process("in-process restart"), "unknown", "in-process restart"),
         (_failed(exit_code=-11, signal="SIGSEGV"), "signal", "SIGSEGV"),
         (_failed(exit_code=1, raised="RuntimeError: x"), "exception", "exit 1"),
+        (_failed(exit_code=-6, signal="SIGABRT", raised="RuntimeError: x"), "exception", "SIGABRT"),
         (
             [(29.0, "launcher_exit", {"node": 1, "exit_code": 3}), _IN_JOB],
             "launcher_failed",

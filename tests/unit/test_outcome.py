@@ -131,3 +131,16 @@ def test_when_every_failed_worker_was_told_to_stop_the_first_is_named_as_such() 
         "local rank 0 on pod trainer-0 (node 0), killed by SIGTERM after it was told to stop (pid 4241)"
         in (outcome.cause)
     )
+
+
+def test_a_worker_that_raised_and_then_aborted_at_exit_is_named_with_its_exception() -> None:
+    """torch's threads can end a worker's exit with std::terminate (SIGABRT) after its
+    traceback was printed: the exception stays in the root cause (seen under load in
+    test_run_root_cause)."""
+    p = policy()
+    aborted = WorkerFailed(
+        local_rank=1, worker_pid=5881, exit_code=-6, signal="SIGABRT", raised="RuntimeError: boom at step 10"
+    )
+    outcome = decide(1, Seen(failures=[aborted]), p, identity(p), ENDPOINT, V041)
+    named = "local rank 1 on pod trainer-0 (node 0), killed by SIGABRT after it raised RuntimeError: boom"
+    assert f"{named} at step 10 (pid 5881)" in outcome.cause

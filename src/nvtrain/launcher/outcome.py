@@ -179,6 +179,8 @@ def _first_failure(seen: Observed, where: str) -> str:
         return ""
     if first.signal:
         how = f"killed by {first.signal}"
+        if first.raised:  # e.g. "terminate called without an active exception" at its exit
+            how += f" after it raised {first.raised}"
     elif first.exit_code is not None:
         how = f"exit code {first.exit_code}"
         if first.raised:

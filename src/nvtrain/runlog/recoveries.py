@@ -262,11 +262,12 @@ def _signal_cause(name: str) -> Cause:
 
 
 def _exit_cause(failed: WorkerFailed) -> Cause:
-    """A failed worker, by what it logged: an exception, a signal, or its exit code."""
-    if failed.signal:
-        return _signal_cause(failed.signal)
+    """A failed worker, by what it logged: an exception (also when a signal ended it after its
+    traceback: torch's threads can abort the interpreter's exit), a signal, or its exit code."""
     if failed.raised:
         return "exception"
+    if failed.signal:
+        return _signal_cause(failed.signal)
     return "oom" if failed.exit_code == OOM_EXIT else "exit"
 
 
@@ -284,7 +285,9 @@ def _cause(window: Sequence[Event], pods: frozenset[int]) -> tuple[Cause, str]:
         return "hang", "hang"
     # A worker killed by a signal (not one ft_launcher told to stop) is the fault: the in-process
     # restarts of its peers that follow name only what they saw of it (a broken connection).
-    killed = next((e for e in window if isinstance(e, WorkerFailed) and e.signal and not e.stopped), None)
+    # One that raised before it was killed failed by its exception (``_exit_cause``).
+    signalled = (e for e in window if isinstance(e, WorkerFailed) and e.signal and not e.stopped)
+    killed = next((e for e in signalled if not e.raised), None)
     if killed is not None:
         return _signal_cause(str(killed.signal)), str(killed.signal)
     # An in-process restart names its cause; the failing rank's is the fault.
