@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from nvtrain.zygote.wire import Reader, send
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -281,15 +284,63 @@ def test_sigterm_to_the_client_reaches_the_worker(server: tuple[Path, Path], tmp
     assert proc.returncode == 143 and f"got signal {int(signal.SIGTERM)}" in out
 
 
-def test_a_sigkilled_client_takes_its_worker_with_it(server: tuple[Path, Path], tmp_path: Path) -> None:
-    socket_path, script = server
-    with _client(script, "wait", socket_path=socket_path, cwd=tmp_path) as proc:
-        line = _ready(proc)
-        worker = psutil.Process(int(line.split("pid=")[1]))
-        assert worker.pid != proc.pid and worker.ppid() != proc.pid  # forked by the server
-        proc.kill()
+def test_a_sigkilled_client_takes_its_worker_with_it_and_the_server_serves_on(
+    served: Served, tmp_path: Path
+) -> None:
+    with _client(served.script, "wait", socket_path=served.socket, cwd=tmp_path) as proc:
+        try:
+            line = _ready(proc)
+            worker = psutil.Process(int(line.split("pid=")[1]))
+            assert worker.pid != proc.pid and worker.ppid() != proc.pid  # forked by the server
+        finally:
+            proc.kill()
         proc.wait()
     worker.wait(timeout=60)  # raises TimeoutExpired if it outlived its client
+    # The server reaped a worker whose client had gone first; it once died of that (a KeyError),
+    # and every later worker of the pod started cold.
+    with _client(served.script, "exit", "0", socket_path=served.socket, cwd=tmp_path) as proc:
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "warm=True" in out, (out, err)
+    assert psutil.Process(served.pid).status() != psutil.STATUS_ZOMBIE
+
+
+def test_a_signal_that_comes_with_the_workers_pid_reaches_the_worker(tmp_path: Path) -> None:
+    """The server names the worker to its client before the worker runs anything, so a signal
+    the client takes once the worker could have printed a line finds that name in the client's
+    socket, read or not, and goes to the worker. (It once ended the client alone, and the server
+    then killed the worker: a SIGTERM right after the worker's first line, under load.) Here the
+    test plays the server: the client is stopped while the pid and a SIGTERM reach it."""
+    socket_path = tmp_path / "played.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(socket_path))
+    listener.listen(1)
+    listener.settimeout(SERVER_READY)
+    stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # "the worker"
+    script = _write_script(tmp_path)
+    with listener, _client(script, "wait", socket_path=socket_path, cwd=tmp_path) as client:
+        try:
+            conn, _ = listener.accept()
+            with conn:
+                reader = Reader(conn)
+                request = reader.read()
+                for fd in reader.fds:
+                    os.close(fd)
+                assert request is not None and request["argv"][1:] == ["wait"], request
+                _wait_request_sent(client)
+                client.send_signal(signal.SIGSTOP)
+                while psutil.Process(client.pid).status() != psutil.STATUS_STOPPED:
+                    time.sleep(0.01)
+                send(conn, {"pid": stand_in.pid})
+                client.send_signal(signal.SIGTERM)
+                client.send_signal(signal.SIGCONT)
+                assert stand_in.wait(timeout=60) == -signal.SIGTERM  # TimeoutExpired: not forwarded
+                send(conn, {"signal": int(signal.SIGTERM)})
+                client.wait(timeout=60)
+            assert client.returncode == -signal.SIGTERM
+        finally:
+            stand_in.kill()
+            stand_in.wait()
+            client.kill()
 
 
 def test_without_a_server_the_client_runs_the_script_cold(tmp_path: Path) -> None:

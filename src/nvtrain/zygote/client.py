@@ -4,8 +4,11 @@ Asks the server named by ``$NVTRAIN_ZYGOTE`` for a worker forked from its warm i
 stands in for it (signals passed on, its exit code or signal taken as this process's own), and
 runs the script itself when no server answers. A server that is still importing keeps the
 request in its socket's queue: the client waits for it (at most ``WAIT`` seconds), and starts
-cold if the server refuses, dies or does not answer in time. Imports the standard library only:
-it starts in a few tens of milliseconds.
+cold if the server refuses, dies or does not answer in time. A signal that comes before the
+worker exists ends the client, as it would end a cold worker that is still importing; the server
+tells the client the worker's pid before the worker runs anything, so once the worker has
+printed a line, every signal reaches it. Imports the standard library only: it starts in a few
+tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import runpy
 import signal
 import socket
 import sys
-from typing import NoReturn
+import time
+from typing import Any, NoReturn
 
 from nvtrain.zygote import ENV
 from nvtrain.zygote.wire import Reader, send
@@ -41,6 +45,8 @@ forks for a client that is gone is killed at once)."""
 WAIT = 300.0
 """Seconds to wait for a server that is still importing (as long as a cold worker's imports take
 on a loaded machine, with room to spare) before starting cold."""
+POLL = 0.2
+"""Seconds between looks at the signals that came while the client waits for its worker."""
 
 
 def _target(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
@@ -89,13 +95,30 @@ def _die_like(status: dict[str, object]) -> NoReturn:
     os._exit(code if isinstance(code, int) else 1)
 
 
+def _wait_started(reader: Reader, pending: list[int]) -> dict[str, Any] | None:
+    """The server's first reply (the forked worker's pid), or None: after ``WAIT`` seconds, or
+    when a signal that ends the wait (not one of ``HELD``) is in ``pending`` and the reply has
+    not come (a reply already there is taken: its worker may be running)."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        ending = any(signum not in HELD for signum in pending)
+        left = deadline - time.monotonic()
+        # 0: a look at what is there, without waiting
+        reader.sock.settimeout(0 if ending else max(0.001, min(POLL, left)))
+        try:
+            return reader.read()
+        except (TimeoutError, BlockingIOError):
+            if ending or left <= 0:
+                return None
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     script, module, worker_argv = _target(list(sys.argv[1:] if argv is None else argv))
     path = os.environ.get(ENV, "")
     sock = _connect(path) if path else None
     if sock is None:
         _cold(script, module, worker_argv)
-    # Signals that arrive before the worker exists are held, then passed on.
+    # Signals that arrive before the worker's pid is known wait here (``_wait_started``).
     pending: list[int] = []
     pid: list[int] = []
 
@@ -105,10 +128,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
                 os.kill(pid[0], signum)
             except ProcessLookupError:
                 pass
-        elif signum in HELD:
-            pending.append(signum)
         else:
-            _die_like({"signal": signum})
+            pending.append(signum)
 
     request = {
         "argv": worker_argv,
@@ -124,18 +145,21 @@ def main(argv: list[str] | None = None) -> NoReturn:
         # would end a cold worker): from here each is held or ends the wait, or reaches the worker.
         for signum in FORWARDED:
             signal.signal(signum, forward)
-        sock.settimeout(WAIT)  # the server may still be importing: this waits in its queue
-        started = reader.read()
+        started = _wait_started(reader, pending)  # the server may still be importing
         sock.settimeout(None)
-    except (OSError, ValueError):  # reset by a server that refused or died, or timed out
+    except (OSError, ValueError):  # reset by a server that refused or died
         started = None
     if started is None or not isinstance(started.get("pid"), int):
-        # No worker from the server (it stopped, refused, died or never answered): the
-        # connection's end takes any worker it forked late with it; start cold instead, with
-        # the signal dispositions a new interpreter has (SIGINT raises KeyboardInterrupt).
+        # No worker from the server (it stopped, refused, died or never answered, or a signal
+        # came first): the connection's end takes any worker it forked late with it. The
+        # signal ends this process; else it starts cold, with the signal dispositions a new
+        # interpreter has (SIGINT raises KeyboardInterrupt).
         sock.close()
         for signum in FORWARDED:
             signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+        ending = next((signum for signum in pending if signum not in HELD), None)  # none comes now
+        if ending is not None:
+            _die_like({"signal": ending})
         _cold(script, module, worker_argv)
     pid.append(int(started["pid"]))
     for held in pending:

@@ -120,10 +120,15 @@ def fork_safe() -> str | None:
     return None
 
 
-def _child(request: dict[str, Any], fds: list[int], closing: list[int]) -> NoReturn:
-    """In the forked worker: become the client's process and run the script; never returns."""
+def _child(request: dict[str, Any], fds: list[int], closing: list[int], release: int) -> NoReturn:
+    """In the forked worker: become the client's process and run the script; never returns.
+    Nothing of the script runs before the server has told the client this process's pid (the
+    server closes ``release`` then): a signal the client gets once the worker printed anything
+    reaches the worker."""
     code = 1
     try:
+        os.read(release, 1)  # end of file once the server has sent the pid (or is gone)
+        os.close(release)
         for fd in closing:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -242,9 +247,12 @@ class Server:
             return
         closing = [self.listener.fileno(), conn.fileno(), self.selector.fileno()]
         closing += [c.fileno() for c, _ in self.workers.values()] + [p for _, p in self.workers.values()]
+        release, released = os.pipe()
         pid = os.fork()
         if pid == 0:
-            _child(request, reader.fds, closing)
+            os.close(released)
+            _child(request, reader.fds, closing, release)
+        os.close(release)
         for fd in reader.fds:
             os.close(fd)
         pidfd = os.pidfd_open(pid)
@@ -253,12 +261,14 @@ class Server:
         self.selector.register(conn, selectors.EVENT_READ, ("client", pid))
         with contextlib.suppress(OSError):
             send(conn, {"pid": pid})
+        os.close(released)  # the worker starts the script now (``_child``)
 
     def _ended(self, pid: int) -> None:
         _, status = os.waitpid(pid, 0)
         conn, pidfd = self.workers.pop(pid)
         self.selector.unregister(pidfd)
-        self.selector.unregister(conn)
+        if conn.fileno() in self.selector.get_map():  # not when its client went first
+            self.selector.unregister(conn)
         os.close(pidfd)
         message = (
             {"signal": os.WTERMSIG(status)}
