@@ -38,9 +38,10 @@ FORWARDED = (
 )
 
 HELD = (signal.SIGCONT, signal.SIGTSTP)
-"""Signals kept for the worker when they come before it exists; the others end the client
-there and then, as they would end a cold worker that is still importing (a worker the server
-forks for a client that is gone is killed at once)."""
+"""Signals kept for the worker when they come before its pid is known; the others end the wait
+(within ``POLL``): they go to the worker if its pid has come meanwhile, else they end the
+client, as they would end a cold worker that is still importing (a worker the server forks for
+a client that is gone is killed at once)."""
 
 WAIT = 300.0
 """Seconds to wait for a server that is still importing (as long as a cold worker's imports take
