@@ -333,10 +333,19 @@ def test_log_options_go_to_ft_launcher_before_the_entrypoint(
         "--redirects=0:1,1:2",
         f"--log-dir={tmp_path / 'logs'}",
         "--local-ranks-filter=0,1",
+        "-m",
+        "nvtrain.entry",
         "train.py",
     ]
     plan = _plan("--tee=2", "-r3", "--log-dir", str(tmp_path / "l"), "train.py")
-    assert _tail(plan, "--tee=2") == ["--tee=2", "--redirects=3", f"--log-dir={tmp_path / 'l'}", "train.py"]
+    assert _tail(plan, "--tee=2") == [
+        "--tee=2",
+        "--redirects=3",
+        f"--log-dir={tmp_path / 'l'}",
+        "-m",
+        "nvtrain.entry",
+        "train.py",
+    ]
 
 
 def test_verbose_is_nvtrains_before_the_script_and_the_scripts_after(tmp_path: Path) -> None:

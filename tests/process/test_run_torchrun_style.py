@@ -69,6 +69,21 @@ def test_a_torchrun_script_with_its_arguments(nvtrain: NvtrainRunner, tmp_path: 
     assert "Traceback" not in run.stderr
 
 
+def test_ranks_that_finished_end_their_run_even_if_the_interpreters_exit_would_abort(
+    nvtrain: NvtrainRunner,
+) -> None:
+    # Both ranks finish; a module of theirs keeps an object whose freeing at the interpreter's
+    # exit aborts the process, as torch's gloo objects can after destroy_process_group. Run as
+    # ``python SCRIPT``, each rank would die of SIGABRT after its last line and ft_launcher
+    # would restart the group for a run that was over; nvtrain.entry ends them without that.
+    run = nvtrain.start("--nproc-per-node", "2", str(BIN / "ending_worker.py"), "abort")
+    assert run.wait(timeout=180) == 0, run.describe()
+    started = re.findall(r"ENDING START mode=abort rank=(\d)", run.stdout)
+    assert sorted(started) == ["0", "1"], run.describe()  # once each: no restart
+    assert run.stdout.count("ENDING DONE") == 2, run.describe()
+    assert "SIGABRT" not in run.stderr, run.describe()
+
+
 def test_log_options_reach_ft_launcher(nvtrain: NvtrainRunner, tmp_path: Path) -> None:
     # --tee 3 writes every rank's output to --log-dir and shows it; --local-ranks-filter 0 shows
     # only local rank 0's on the console.

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from proc_helpers import BIN
 
 from nvtrain.zygote.wire import Reader, send
 
@@ -248,6 +249,21 @@ def test_a_forked_worker_gets_argv_env_cwd_output_and_exit_code(
     assert f"warm=True argv=['exit', '7'] cwd={tmp_path} env=value-42" in out
     assert "to stderr" in err
     assert "threads=1" in out  # OMP_NUM_THREADS of the client, not the server's
+
+
+@pytest.mark.parametrize("mode", ["abort", "thread", "open"])
+def test_a_forked_worker_ends_as_a_cold_one_does(
+    server: tuple[Path, Path], tmp_path: Path, mode: str
+) -> None:
+    # As nvtrain.entry ends a cold worker (tests/process/test_entry.py): no abort from an object
+    # freed at exit, a non-daemon thread waited for, a file left open flushed.
+    socket_path, _ = server
+    out = tmp_path / mode
+    with _client(BIN / "ending_worker.py", mode, str(out), socket_path=socket_path, cwd=tmp_path) as proc:
+        stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, (stdout, stderr)
+    assert "ENDING DONE" in stdout
+    assert mode == "abort" or out.read_text() == mode
 
 
 def test_stdin_is_the_clients(server: tuple[Path, Path], tmp_path: Path) -> None:

@@ -170,6 +170,8 @@ def test_standalone_nvrx_0_4() -> None:
         *STANDALONE_TIMINGS,
         "--ft-restart-policy=any-failed",
         "--ft-enable-nic-monitor=false",
+        "-m",
+        "nvtrain.entry",
         "train.py",
         "--lr",
         "0.1",
@@ -196,6 +198,8 @@ def test_standalone_nvrx_0_6_and_later(nvrx: NvrxVersion) -> None:
         *STANDALONE_TIMINGS,
         "--ft-enable-nic-healthcheck=false",
         "--ft-gpu-memory-reclaim-timeout=0",
+        "-m",
+        "nvtrain.entry",
         "train.py",
         "--lr",
         "0.1",
@@ -234,6 +238,8 @@ def test_multinode_node0_nvrx_0_4_hosts_the_store() -> None:
         "--ft-restart-policy=any-failed",
         # InfiniBand present: the NIC monitor stays on (no --ft-enable-nic-monitor=false)
         "-m",
+        "nvtrain.entry",
+        "-m",
         "mypkg.train",
         "--config",
         "big.yaml",
@@ -268,6 +274,8 @@ def test_multinode_node2_nvrx_0_6_and_later(nvrx: NvrxVersion) -> None:
         "--ft-initial-rank-heartbeat-timeout=600",
         "--ft-rank-heartbeat-timeout=120",
         # InfiniBand and a GPU: NIC health check and GPU memory reclaim stay on
+        "-m",
+        "nvtrain.entry",
         "-m",
         "mypkg.train",
         "--config",
@@ -350,17 +358,19 @@ def test_min_healthy_is_passed_to_nvrx_0_4() -> None:
 
 def test_module_vs_script_and_extra_args_last() -> None:
     by_script = plan_for(standalone_policy(), standalone_identity(), V041, extra_args=("--seed", "7"))
-    assert by_script.argv[-5:] == ["train.py", "--lr", "0.1", "--seed", "7"]
-    assert "-m" not in by_script.argv[3:]
+    # ft_launcher runs the script through nvtrain.entry (python SCRIPT, without the
+    # interpreter's finalization at the end)
+    assert by_script.argv[-7:] == ["-m", "nvtrain.entry", "train.py", "--lr", "0.1", "--seed", "7"]
+    assert by_script.argv[3:].count("-m") == 1
     by_module = plan_for(
         standalone_policy(script=None, module="mypkg.train", args=[]),
         standalone_identity(),
         V060,
         extra_args=("--seed", "7"),
     )
-    assert by_module.argv[-4:] == ["-m", "mypkg.train", "--seed", "7"]
-    # the only "-m" after the launcher module is the one naming the training module
-    assert by_module.argv[3:].count("-m") == 1
+    assert by_module.argv[-6:] == ["-m", "nvtrain.entry", "-m", "mypkg.train", "--seed", "7"]
+    # after the launcher module: ft_launcher's own "-m" (its --module), then the training module's
+    assert by_module.argv[3:].count("-m") == 2
 
 
 def test_fractional_and_long_durations() -> None:
@@ -673,7 +683,17 @@ def test_launcher_options_go_after_nvtraines_own_before_the_entrypoint() -> None
     )
     at = plan.argv.index("--tee=3")
     assert plan.argv[at - 1] == "--ft-enable-nic-monitor=false"
-    assert plan.argv[at:] == ["--tee=3", "--log-dir=/tmp/logs", "train.py", "--lr", "0.1", "--seed", "7"]
+    assert plan.argv[at:] == [
+        "--tee=3",
+        "--log-dir=/tmp/logs",
+        "-m",
+        "nvtrain.entry",
+        "train.py",
+        "--lr",
+        "0.1",
+        "--seed",
+        "7",
+    ]
 
 
 def _env_defaults(policy: Policy, tmp_path: Path) -> dict[str, str]:

@@ -42,6 +42,7 @@ FT_CONFIG_NAME = "ft_config.yaml"
 """NVRx's fault-tolerance config in the run's state folder (``--ft-cfg-path``)."""
 
 LAUNCHER_MODULE = "nvidia_resiliency_ext.fault_tolerance.launcher"
+ENTRY = "nvtrain.entry"
 ZYGOTE_CLIENT = "nvtrain.zygote.client"
 ZYGOTE_SERVER = "nvtrain.zygote.server"
 
@@ -256,7 +257,9 @@ def build_plan(
         zygote = [python, "-m", ZYGOTE_SERVER, "--socket", zygote_path]
         zygote += ["--module", str(job.module)] if job.module is not None else ["--script", str(job.script)]
     else:
-        argv += target
+        # The script runs as ``python SCRIPT`` would, and its process skips the interpreter's
+        # finalization at the end, where torch can abort a finished rank (nvtrain.entry).
+        argv += ["-m", ENTRY, *target]
     argv += [*job.args, *extra_args]
     env = {
         "NVTRAIN_POLICY": policy_path,

@@ -14,13 +14,13 @@ tens of milliseconds.
 from __future__ import annotations
 
 import os
-import runpy
 import signal
 import socket
 import sys
 import time
 from typing import Any, NoReturn
 
+from nvtrain.entry import Target, finish, parse, run
 from nvtrain.zygote import ENV
 from nvtrain.zygote.wire import Reader, send
 
@@ -50,26 +50,9 @@ POLL = 0.2
 """Seconds between looks at the signals that came while the client waits for its worker."""
 
 
-def _target(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
-    """(script, module, argv as the worker sees it) from the client's arguments."""
-    if len(argv) >= 2 and argv[0] == "-m":
-        return None, argv[1], [argv[1], *argv[2:]]
-    if not argv:
-        raise SystemExit("usage: python -m nvtrain.zygote.client [-m MODULE | SCRIPT] [ARGS...]")
-    return argv[0], None, list(argv)
-
-
-def _cold(script: str | None, module: str | None, argv: list[str]) -> NoReturn:
-    """No server: run the script in this process, as ``python SCRIPT`` / ``python -m`` would."""
-    sys.argv = argv
-    if module is not None:
-        sys.path.insert(0, os.getcwd())
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    else:
-        assert script is not None
-        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-        runpy.run_path(script, run_name="__main__")
-    sys.exit(0)
+def _cold(target: Target) -> NoReturn:
+    """No server: run the script in this process, as ``python -m nvtrain.entry`` does."""
+    finish(run(target))
 
 
 def _connect(path: str) -> socket.socket | None:
@@ -114,11 +97,11 @@ def _wait_started(reader: Reader, pending: list[int]) -> dict[str, Any] | None:
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
-    script, module, worker_argv = _target(list(sys.argv[1:] if argv is None else argv))
+    target = parse(list(sys.argv[1:] if argv is None else argv), prog="python -m nvtrain.zygote.client")
     path = os.environ.get(ENV, "")
     sock = _connect(path) if path else None
     if sock is None:
-        _cold(script, module, worker_argv)
+        _cold(target)
     # Signals that arrive before the worker's pid is known wait here (``_wait_started``).
     pending: list[int] = []
     pid: list[int] = []
@@ -133,9 +116,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
             pending.append(signum)
 
     request = {
-        "argv": worker_argv,
-        "script": script,
-        "module": module,
+        "argv": target.argv,
+        "script": target.script,
+        "module": target.module,
         "cwd": os.getcwd(),
         "env": {**os.environ, "NVTRAIN_PID": str(os.getpid())},
     }
@@ -161,7 +144,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         ending = next((signum for signum in pending if signum not in HELD), None)  # none comes now
         if ending is not None:
             _die_like({"signal": ending})
-        _cold(script, module, worker_argv)
+        _cold(target)
     pid.append(int(started["pid"]))
     for held in pending:
         forward(held, None)

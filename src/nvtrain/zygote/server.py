@@ -16,23 +16,21 @@ from __future__ import annotations
 
 import argparse
 import ast
-import atexit
 import contextlib
 import importlib
 import importlib.util
 import io
 import os
 import random
-import runpy
 import selectors
 import signal
 import socket
 import sys
 import threading
-import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
+from nvtrain.entry import Exit, Target, finish, run
 from nvtrain.zygote.wire import Reader, send
 
 __all__ = ["main", "script_imports"]
@@ -125,7 +123,7 @@ def _child(request: dict[str, Any], fds: list[int], closing: list[int], release:
     Nothing of the script runs before the server has told the client this process's pid (the
     server closes ``release`` then): a signal the client gets once the worker printed anything
     reaches the worker."""
-    code = 1
+    end = Exit(1)
     try:
         os.read(release, 1)  # end of file once the server has sent the pid (or is gone)
         os.close(release)
@@ -161,30 +159,10 @@ def _child(request: dict[str, Any], fds: list[int], closing: list[int], release:
             threads = env.get("OMP_NUM_THREADS", "")
             if threads.isdigit() and int(threads) > 0:
                 torch.set_num_threads(int(threads))
-        sys.argv = list(request["argv"])
-        try:
-            if request.get("module"):
-                sys.path.insert(0, request["cwd"])
-                runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
-            else:
-                script = request["script"]
-                sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-                runpy.run_path(script, run_name="__main__")
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            if exc.code is not None and not isinstance(exc.code, int):
-                print(exc.code, file=sys.stderr)
-        except BaseException:  # noqa: BLE001 - as the interpreter does: print it, exit 1
-            traceback.print_exc()
-            code = 1
-        with contextlib.suppress(BaseException):
-            atexit._run_exitfuncs()
+        end = run(Target(request.get("script"), request.get("module"), list(request["argv"])), own_path=False)
     finally:
-        with contextlib.suppress(BaseException):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+        # An exception of the setup above: the worker never ran; it ends as a failed start.
+        finish(end)
 
 
 def listen(path: str) -> socket.socket:

@@ -1,0 +1,140 @@
+"""The worker's entrypoint under ``nvtrain run``: ``python -m nvtrain.entry [-m MODULE | SCRIPT] ARGS``.
+
+Runs the script as ``python SCRIPT ARGS`` (or ``python -m MODULE ARGS``) would, and ends the
+process the way the interpreter ends it up to the point where torch can abort it: the
+non-daemon threads are waited for, the ``atexit`` handlers run, files the script left open are
+flushed, and then the process exits with the script's code, without the interpreter's
+finalization. That finalization tears down objects that native threads still use (gloo's, after
+``destroy_process_group`` too): a rank that finished its run can die of SIGABRT there
+("terminate called without an active exception"), and ft_launcher then restarts the whole
+group for a run that was over. Objects' ``__del__`` methods that only finalization would call do
+not run. The warm-start worker (``nvtrain.zygote``) ends the same way. Imports the standard
+library only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import gc
+import io
+import os
+import runpy
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from types import TracebackType
+from typing import NoReturn
+
+__all__ = ["Exit", "Target", "finish", "main", "parse", "run"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the worker runs: a script path or a module name, and the argv it sees."""
+
+    script: str | None
+    module: str | None
+    argv: list[str]
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How the worker ends: an exit code (0-255), or a signal to die of (``signal`` > 0)."""
+
+    code: int = 0
+    signal: int = 0
+
+
+def parse(argv: list[str], prog: str = "python -m nvtrain.entry") -> Target:
+    """The target from ``[-m MODULE | SCRIPT] ARGS``."""
+    if len(argv) >= 2 and argv[0] == "-m":
+        return Target(None, argv[1], [argv[1], *argv[2:]])
+    if not argv or argv[0].startswith("-"):
+        raise SystemExit(f"usage: {prog} [-m MODULE | SCRIPT] [ARGS...]")
+    return Target(argv[0], None, list(argv))
+
+
+def _own_frames(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback without the frames of this module and runpy above the script's first."""
+    skipped = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
+    while tb is not None and tb.tb_frame.f_code.co_filename in skipped:
+        tb = tb.tb_next
+    return tb
+
+
+def run(target: Target, *, own_path: bool = True) -> Exit:
+    """Run the target as ``__main__``; returns how the process should end: the script's exit
+    code, or SIGINT after an uncaught KeyboardInterrupt (as Python does). An uncaught exception
+    is printed through ``sys.excepthook``. ``own_path``: ``sys.path[0]`` becomes the script's
+    folder, as for ``python SCRIPT`` (the module form keeps the working directory there);
+    otherwise the folder is put in front of the path."""
+    sys.argv = list(target.argv)
+    try:
+        if target.module is not None:
+            if not own_path:
+                sys.path.insert(0, os.getcwd())
+            runpy.run_module(target.module, run_name="__main__", alter_sys=True)
+        else:
+            assert target.script is not None
+            folder = os.path.dirname(os.path.abspath(target.script))
+            if own_path and sys.path:
+                sys.path[0] = folder
+            else:
+                sys.path.insert(0, folder)
+            runpy.run_path(target.script, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return Exit(int(exc.code or 0) & 0xFF)
+        print(exc.code, file=sys.stderr)
+        return Exit(1)
+    except BaseException as exc:  # noqa: BLE001 - as the interpreter does: print it
+        exc = exc.with_traceback(_own_frames(exc.__traceback__))
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        return Exit(130, signal.SIGINT) if isinstance(exc, KeyboardInterrupt) else Exit(1)
+    return Exit(0)
+
+
+def _flush_open_files() -> None:
+    """Flush the writable files still open (the interpreter's finalization would flush them as
+    it frees them): text layers first, then the buffers beneath."""
+    files = [obj for obj in gc.get_objects() if isinstance(obj, (io.TextIOWrapper, io.BufferedIOBase))]
+    files.sort(key=lambda f: not isinstance(f, io.TextIOWrapper))
+    for f in files:
+        with contextlib.suppress(Exception):
+            # The standard streams are flushed last, through sys.stdout and sys.stderr (in a
+            # forked worker, fds 0-2 are no longer the ones the server's own objects wrote to).
+            if not f.closed and f.writable() and f.fileno() > 2:
+                f.flush()
+
+
+def finish(end: Exit) -> NoReturn:
+    """End the process as the interpreter would, without its finalization (module docstring)."""
+    try:
+        shutdown = getattr(threading, "_shutdown", None)  # what the interpreter calls first
+        if shutdown is not None:
+            with contextlib.suppress(BaseException):
+                shutdown()
+        with contextlib.suppress(BaseException):
+            atexit._run_exitfuncs()
+        with contextlib.suppress(BaseException):
+            _flush_open_files()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                stream.flush()
+        if end.signal > 0:
+            with contextlib.suppress(BaseException):
+                signal.signal(end.signal, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {end.signal})
+                os.kill(os.getpid(), end.signal)
+        os._exit(end.code)
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    finish(run(parse(list(sys.argv[1:] if argv is None else argv))))
+
+
+if __name__ == "__main__":
+    main()
