@@ -99,8 +99,10 @@ def run(target: Target, *, own_path: bool = True) -> Exit:
 def _flush_open_files() -> None:
     """Flush the writable files still open (the interpreter's finalization would flush them as
     it frees them): text layers first, then the buffers beneath."""
-    files = [obj for obj in gc.get_objects() if isinstance(obj, (io.TextIOWrapper, io.BufferedIOBase))]
-    files.sort(key=lambda f: not isinstance(f, io.TextIOWrapper))
+    # By type(obj), not isinstance(obj): isinstance asks an object that is not a file for its
+    # __class__, and some objects warn when asked (torch's deprecated ``reduce_op``).
+    files = [obj for obj in gc.get_objects() if issubclass(type(obj), (io.TextIOWrapper, io.BufferedIOBase))]
+    files.sort(key=lambda f: not issubclass(type(f), io.TextIOWrapper))
     for f in files:
         with contextlib.suppress(Exception):
             # The standard streams are flushed last, through sys.stdout and sys.stderr (in a

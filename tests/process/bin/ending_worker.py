@@ -3,7 +3,8 @@ ft_launcher tests that run it): ``ending_worker.py MODE [PATH | CODE]``.
 
 Prints ``ENDING START mode=.. rank=.. name=.. path0=.. argv=..`` first and ``ENDING DONE``
 when its body is over. Modes: ``abort`` (a module it imports keeps an object that aborts the
-process when the interpreter frees it at exit, as torch's gloo objects can), ``thread`` (a
+process when the interpreter frees it at exit, as torch's gloo objects can, and one that warns
+when asked for its class), ``thread`` (a
 non-daemon thread writes PATH once the main thread has finished), ``atexit`` (an atexit handler
 writes PATH), ``open`` (writes PATH through a file that a module it imports keeps open), ``exit CODE``,
 ``exit-text``, ``raise``, ``interrupt``. Standard library only.
@@ -17,7 +18,7 @@ import sys
 import threading
 from pathlib import Path
 
-from kept_at_exit import AbortsWhenFreed, keep
+from kept_at_exit import AbortsWhenFreed, WarnsWhenAsked, keep
 
 mode = sys.argv[1]
 path = Path(sys.argv[2]) if len(sys.argv) > 2 else None
@@ -28,6 +29,7 @@ print(
 )
 if mode == "abort":
     keep(AbortsWhenFreed())
+    keep(WarnsWhenAsked())  # the end looks for open files among the objects: it must not warn
 elif mode == "thread":
 
     def late() -> None:
