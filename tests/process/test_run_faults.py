@@ -78,7 +78,9 @@ def test_sigkilled_worker_is_restarted(nvtrain: NvtrainRunner, tmp_path: Path) -
     assert len(restarts) == 1, events
     assert restarts[0]["layer"] == "in_job"
     assert restarts[0]["ts"] >= failed[0]["ts"]
-    assert [e["round"] for e in named(events, "rendezvous_done")] == [0, 1]
+    # Two rendezvous; NVRx 0.4 numbers their rounds, 0.6/0.7 log none.
+    rounds = [e.get("round") for e in named(events, "rendezvous_done")]
+    assert rounds in ([0, 1], [None, None]), events
     assert events[-1]["event"] == "launcher_exit" and events[-1]["exit_code"] == 0
 
 
