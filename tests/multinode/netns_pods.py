@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import re
@@ -45,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -63,6 +64,7 @@ VETH_PREFIX = "nvv"
 NETNS_ETC = Path("/etc/netns")
 _RUN = Path("/run") if Path("/run").is_dir() and os.access("/run", os.W_OK) else Path(tempfile.gettempdir())
 REGISTRY = _RUN / "nvtrain-multinode"
+_REGISTRY_LOCK = _RUN / "nvtrain-multinode.lock"
 SUBNET_BASE = "10.213"
 """The test networks are 10.213.<x>.0/24 with x picked at random among those not in use."""
 
@@ -237,10 +239,28 @@ def _live_tags() -> set[str]:
     return tags
 
 
+@contextlib.contextmanager
+def _registry_locked() -> Iterator[None]:
+    """Hold the lock under which a process registers a cluster, sweeps leftovers or removes the
+    registry folder; test processes run side by side and each sweeps when it sets up a cluster.
+
+    Without it a sweep that had read the live owners just before another process registered
+    its cluster deleted that cluster's bridge and namespaces as they were being created."""
+    _REGISTRY_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(_REGISTRY_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
 def cleanup_stale() -> list[str]:
     """Remove what crashed earlier runs left: every object of ours whose owner is gone.
 
     Returns what was removed (for the log)."""
+    with _registry_locked():
+        return _cleanup_stale_locked()
+
+
+def _cleanup_stale_locked() -> list[str]:
     removed: list[str] = []
     live = _live_tags()
     if REGISTRY.is_dir():
@@ -440,6 +460,10 @@ class Cluster:
         self.close()
 
     def _save_registry(self) -> None:
+        with _registry_locked():
+            self._save_registry_locked()
+
+    def _save_registry_locked(self) -> None:
         REGISTRY.mkdir(parents=True, exist_ok=True)
         record = {
             "owner": os.getpid(),
@@ -468,12 +492,15 @@ class Cluster:
         return f"{SUBNET_BASE}.{free[secrets.randbelow(len(free))]}"
 
     def start(self) -> None:
-        cleanup_stale()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.hostsdir.mkdir(exist_ok=True)
-        self.subnet = self._pick_subnet()
-        self.server = f"{self.subnet}.1"
-        self._save_registry()  # before creating anything: marks the tag as owned by a live run
+        # One step for other test processes: their sweep sees this tag as live before anything
+        # of it exists, and two clusters set up side by side do not pick the same subnet.
+        with _registry_locked():
+            _cleanup_stale_locked()
+            self.subnet = self._pick_subnet()
+            self.server = f"{self.subnet}.1"
+            self._save_registry_locked()  # before creating anything: the tag is a live run's
         # A fixed MAC: by default a bridge takes the lowest MAC of its ports, so it would change
         # when a pod's veth goes away, and the other pods' ARP entries for the DNS server's
         # address would point nowhere for up to half a minute.
@@ -562,9 +589,10 @@ class Cluster:
             _close_bridge_forwarding(self.bridge)
         _remove_netns_etc_if_empty()
         shutil.rmtree(self.tmp_root, ignore_errors=True)
-        self._registry.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            REGISTRY.rmdir()
+        with _registry_locked():  # not between another process's mkdir and its record
+            self._registry.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                REGISTRY.rmdir()
 
     # -- namespaces ------------------------------------------------------------------------
 

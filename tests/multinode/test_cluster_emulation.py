@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from netns_pods import NETNS_ETC, Cluster, _links, list_namespaces, namespace_pids
 
+MULTINODE = Path(__file__).resolve().parent
+
 pytestmark = pytest.mark.slow
 
 _ECHO_SERVER = """
@@ -28,6 +30,23 @@ import socket, sys
 print(socket.gethostname(), socket.gethostbyname(socket.gethostname()))
 with socket.create_connection((sys.argv[1], 5555), timeout=5) as s:
     print("peer", s.recv(100).decode())
+"""
+
+# Another test process sweeping what dead runs left, as each one does when it sets up a cluster;
+# it says "sweeping" after its first sweep and stops when the file named by argv[2] exists.
+_SWEEPER = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from netns_pods import cleanup_stale
+stop = Path(sys.argv[2])
+cleanup_stale()
+print("sweeping", flush=True)
+sweeps = 1
+while not stop.exists():
+    cleanup_stale()
+    sweeps += 1
+print("swept", sweeps, flush=True)
 """
 
 
@@ -107,3 +126,34 @@ def test_kill_pod_kills_everything_in_it_and_teardown_removes_all(netns_availabl
     assert not set(leftovers) & set(list_namespaces())
     assert not [link for link in _links() if cluster.tag in link]
     assert not (NETNS_ETC / new.ns).exists()
+
+
+def test_clusters_built_while_another_process_sweeps_leftovers_keep_all_they_built(
+    netns_available: None, tmp_path: Path
+) -> None:
+    """Every test process sweeps what dead runs left when it sets up a cluster, and test processes
+    run side by side. A sweep that had read the live owners just before another process registered
+    its cluster took that cluster's new bridge and namespaces for leftovers and deleted them
+    ("Cannot find device nvtb-...", under load). Registering and sweeping now exclude each other."""
+    stop = tmp_path / "stop"
+    sweeper = subprocess.Popen(
+        [sys.executable, "-c", _SWEEPER, str(MULTINODE), str(stop)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert sweeper.stdout is not None
+        assert sweeper.stdout.readline().strip() == "sweeping"
+        for i in range(12):
+            with Cluster(tmp_path / f"cluster{i}", job="trainer") as cluster:
+                pods = [cluster.create_pod(index) for index in range(2)]
+                for pod in pods:
+                    cluster.publish(pod)
+                assert cluster.lookup(cluster.pod_name(0), pods[1].ns) == [pods[0].address]
+                links = _links()
+                assert cluster.bridge in links
+                assert {pod.ns for pod in pods} <= set(list_namespaces())
+                assert cluster.dnsmasq is not None and cluster.dnsmasq.poll() is None
+    finally:
+        stop.touch()
+        out, _ = sweeper.communicate(timeout=120)
+    assert sweeper.returncode == 0, out
+    assert out.startswith("swept"), out
