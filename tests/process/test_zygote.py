@@ -148,7 +148,8 @@ class Served:
 
 
 def _wait_request_sent(client: subprocess.Popen[str]) -> None:
-    """Until the client catches SIGTERM: it installs its handlers once its request is sent."""
+    """Until the client catches SIGTERM: it installs its handlers just before it sends its
+    request (a signal from then on is held, or ends the wait, or reaches the worker)."""
     bit = 1 << (signal.SIGTERM - 1)
     status = Path(f"/proc/{client.pid}/status")
     deadline = time.monotonic() + SERVER_READY
@@ -173,9 +174,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             _client(script, "exit", "4", socket_path=socket_path, cwd=tmp) as waiting,
             _client(script, "wait", socket_path=socket_path, cwd=tmp) as stopped,
         ):
-            # The gate is closed: the server cannot be serving. A client catches SIGTERM once
-            # its request is sent (it is queued then); SIGTERM ends one that has no worker yet
-            # at once, as it would end a cold one importing torch.
+            # The gate is closed: the server cannot be serving. A client catches SIGTERM from
+            # just before it sends its request (sent, it is queued); SIGTERM ends one that has
+            # no worker yet at once, as it would end a cold one importing torch.
             _wait_request_sent(stopped)
             stopped.send_signal(signal.SIGTERM)
             stopped.wait(timeout=60)  # its output's end is in the server's queue still
@@ -298,6 +299,57 @@ def test_sigterm_to_the_client_reaches_the_worker(server: tuple[Path, Path], tmp
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 143 and f"got signal {int(signal.SIGTERM)}" in out
+
+
+# The client, paused right after it has sent its request: until a byte comes on the fd in
+# $PAUSE_FD. The pause stands for a loaded machine that runs the server and the worker first.
+_PAUSED_CLIENT = """
+import os, sys
+import nvtrain.zygote.client as client
+sent = client.send
+def send_then_pause(*args, **kwargs):
+    sent(*args, **kwargs)
+    os.read(int(os.environ["PAUSE_FD"]), 1)
+client.send = send_then_pause
+client.main(sys.argv[1:])
+"""
+
+
+def test_a_sigterm_the_client_takes_while_it_has_not_run_since_its_request_reaches_the_worker(
+    server: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Once the request is sent the server forks the worker, and the worker may print its first
+    line before the client runs again (a loaded machine). A SIGTERM then once found the client
+    with the default disposition: the client died alone, the server killed the worker, and
+    ft_launcher saw a worker killed by SIGTERM instead of the script's own exit (143 here)."""
+    socket_path, script = server
+    pause, resume = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _PAUSED_CLIENT, str(script), "term"],
+            env={**_env(socket_path), "PAUSE_FD": str(pause)},
+            pass_fds=(pause,),
+            cwd=tmp_path,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        os.close(pause)
+        pause = -1
+        with proc:
+            try:
+                _ready(proc)  # the worker runs while its client is paused after the request
+                proc.send_signal(signal.SIGTERM)
+                os.write(resume, b"g")  # the client's death, if it died, came before this
+                out, err = proc.communicate(timeout=60)
+            finally:
+                proc.kill()
+    finally:
+        os.close(resume)
+        if pause >= 0:
+            os.close(pause)
+    assert proc.returncode == 143, (proc.returncode, out, err)
+    assert f"got signal {int(signal.SIGTERM)}" in out, out
 
 
 def test_a_sigkilled_client_takes_its_worker_with_it_and_the_server_serves_on(

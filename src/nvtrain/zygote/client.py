@@ -123,12 +123,14 @@ def main(argv: list[str] | None = None) -> NoReturn:
         "env": {**os.environ, "NVTRAIN_PID": str(os.getpid())},
     }
     reader = Reader(sock)
+    # Installed before the request goes: once it is sent the server may fork the worker, and
+    # the worker may print before this process runs again; a signal taken with the default
+    # disposition then would end the client alone (and the server would kill the worker). From
+    # here each signal is held or ends the wait, or reaches the worker.
+    for signum in FORWARDED:
+        signal.signal(signum, forward)
     try:
         send(sock, request, [0, 1, 2])
-        # Installed once the request is on its way (a signal before that ends the client as it
-        # would end a cold worker): from here each is held or ends the wait, or reaches the worker.
-        for signum in FORWARDED:
-            signal.signal(signum, forward)
         started = _wait_started(reader, pending)  # the server may still be importing
         sock.settimeout(None)
     except (OSError, ValueError):  # reset by a server that refused or died
