@@ -10,6 +10,10 @@ finalization. That finalization tears down objects that native threads still use
 group for a run that was over. Objects' ``__del__`` methods that only finalization would call do
 not run. The warm-start worker (``nvtrain.zygote``) ends the same way. Imports the standard
 library only.
+
+ft_launcher runs with a private ``$TMPDIR`` inside the run's state folder (its IPC sockets, torch
+elastic's logs); the script gets the ``$TMPDIR`` of ``nvtrain run`` back (``restore_tmpdir``), in
+a cold worker and in a warm one alike (both go through ``run``).
 """
 
 from __future__ import annotations
@@ -27,7 +31,11 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import NoReturn
 
-__all__ = ["Exit", "Target", "finish", "main", "parse", "run"]
+__all__ = ["USER_TMPDIR_ENV", "Exit", "Target", "finish", "main", "parse", "restore_tmpdir", "run"]
+
+USER_TMPDIR_ENV = "NVTRAIN_USER_TMPDIR"
+"""``$TMPDIR`` as ``nvtrain run`` found it (empty: unset), for the script; ft_launcher's own
+``$TMPDIR`` is a private folder of the run's."""
 
 
 @dataclass(frozen=True)
@@ -64,12 +72,31 @@ def _own_frames(tb: TracebackType | None) -> TracebackType | None:
     return tb
 
 
+def restore_tmpdir() -> None:
+    """Give the script the user's ``$TMPDIR`` (``USER_TMPDIR_ENV``, removed) in place of
+    ft_launcher's private one, and forget a temporary folder ``tempfile`` found from the latter
+    (a warm worker's server may have asked already). Nothing without ``USER_TMPDIR_ENV``."""
+    user = os.environ.pop(USER_TMPDIR_ENV, None)
+    if user is None:
+        return
+    launchers = os.environ.pop("TMPDIR", "")
+    if user:
+        os.environ["TMPDIR"] = user
+    if launchers and "tempfile" in sys.modules:  # not imported yet: nothing remembered
+        import tempfile
+
+        if tempfile.tempdir == os.path.abspath(launchers):
+            tempfile.tempdir = None
+
+
 def run(target: Target, *, own_path: bool = True) -> Exit:
     """Run the target as ``__main__``; returns how the process should end: the script's exit
     code, or SIGINT after an uncaught KeyboardInterrupt (as Python does). An uncaught exception
     is printed through ``sys.excepthook``. ``own_path``: ``sys.path[0]`` becomes the script's
     folder, as for ``python SCRIPT`` (the module form keeps the working directory there);
-    otherwise the folder is put in front of the path."""
+    otherwise the folder is put in front of the path. The script sees the user's ``$TMPDIR``
+    (``restore_tmpdir``)."""
+    restore_tmpdir()
     sys.argv = list(target.argv)
     try:
         if target.module is not None:

@@ -4,12 +4,14 @@ live launchers, of other runs and of other nodes are left alone."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from nvtrain.launcher.rundir import remove_stale_host_copies
 
@@ -45,3 +47,30 @@ def test_only_this_run_and_nodes_folders_of_dead_launchers_are_removed(tmp_path:
         assert live.stdin is not None
         live.stdin.close()
         live.wait()
+
+
+NOBODY = 65534
+
+
+def test_a_stale_looking_folder_of_another_user_or_a_link_is_never_removed(tmp_path: Path) -> None:
+    """Another user may put a folder (or a link) of a dead launcher's name in the shared
+    memory-backed folder: it is not this user's to remove, and a link is not followed."""
+    if os.geteuid() != 0:
+        pytest.skip("making a folder of another user's needs root")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    theirs = tmp_path / f"nvtrain-run-1-node0-{dead.pid}"
+    theirs.mkdir(mode=0o700)
+    (theirs / "rank0.slot0.bin").write_bytes(b"x" * 10)
+    os.chown(theirs, NOBODY, NOBODY)
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "keep").write_bytes(b"y")
+    other_dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    other_dead.wait()
+    link = tmp_path / f"nvtrain-run-1-node0-{other_dead.pid}"
+    link.symlink_to(target, target_is_directory=True)
+
+    assert remove_stale_host_copies(tmp_path / "nvtrain-run-1-node0-999999999") == []
+    assert (theirs / "rank0.slot0.bin").read_bytes() == b"x" * 10
+    assert link.is_symlink() and (target / "keep").read_bytes() == b"y"

@@ -46,6 +46,11 @@ RUN_ID = "llm-train-20260101-000000-abc123"
 POLICY_PATH = "/tmp/nvtrain-llm-train-20260101-000000-abc123-node0/policy.json"
 EVENTS_PATH = "/checkpoints/llm-train/llm-train-20260101-000000-abc123/events.jsonl"
 FT_CONFIG_PATH = "/tmp/nvtrain-llm-train-20260101-000000-abc123-node0/ft_config.yaml"
+RUN_KEY_PATH = "/tmp/nvtrain-llm-train-20260101-000000-abc123-node0/run.key"
+LAUNCHER_TMP = "/tmp/nvtrain-llm-train-20260101-000000-abc123-node0/tmp"
+# What every plan's environment holds for the run's private files: the secret's path, and
+# ft_launcher's private TMPDIR with the user's own (unset here) for the script.
+PRIVATE_ENV = {"NVTRAIN_RUN_KEY_FILE": RUN_KEY_PATH, "TMPDIR": LAUNCHER_TMP, "NVTRAIN_USER_TMPDIR": ""}
 
 
 def standalone_policy(**job: Any) -> Policy:
@@ -132,6 +137,8 @@ def plan_for(
         events_path=EVENTS_PATH,
         extra_args=extra_args,
         ft_config_path=FT_CONFIG_PATH,
+        run_key_path=RUN_KEY_PATH,
+        launcher_tmp=LAUNCHER_TMP,
     )
 
 
@@ -182,6 +189,7 @@ def test_standalone_nvrx_0_4() -> None:
         "NVTRAIN_EVENTS": EVENTS_PATH,
         "NVTRAIN_NODE_RANK": "0",
         "GROUP_RANK": "0",
+        **PRIVATE_ENV,
     }
     assert plan.endpoint == "127.0.0.1:29511"
     assert plan.is_host is True
@@ -287,6 +295,7 @@ def test_multinode_node2_nvrx_0_6_and_later(nvrx: NvrxVersion) -> None:
         "NVTRAIN_EVENTS": EVENTS_PATH,
         "NVTRAIN_NODE_RANK": "2",
         "GROUP_RANK": "2",
+        **PRIVATE_ENV,
     }
     assert plan.is_host is False
     assert plan.wait_for == pod0  # every node, pod 0 included, waits for pod 0's name
@@ -762,3 +771,38 @@ def test_modules_are_read_without_being_imported(tmp_path: Path, monkeypatch: py
     assert uses_worker_library(job("mypkg_nvt")) is True  # runs mypkg_nvt/__main__.py
     assert uses_worker_library(job("mypkg_nvt.absent")) is True  # not found: yes
     assert uses_worker_library(job("json.tool")) is False  # the standard library, sources read
+
+
+def test_prepare_hands_the_workers_the_run_key_and_ft_launcher_a_private_tmpdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan names the run's secret (``NVTRAIN_RUN_KEY_FILE``, in the state folder), gives
+    ft_launcher a TMPDIR of the run's own and keeps the user's for the script; a state folder
+    too long for NVRx's socket paths gets a short private folder beside it instead."""
+    import tempfile
+
+    from nvtrain.launcher.rundir import MAX_SOCKET_DIR, launcher_tmpdir, prepare
+
+    user_tmp = tmp_path / "t"
+    user_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(user_tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # found again from TMPDIR
+    policy = Policy.model_validate(
+        {"job": {"name": "llm-train", "script": "train.py"}, "checkpoint": {"dir": str(tmp_path)}}
+    )
+    plan, paths = prepare(policy, standalone_identity(), nvrx=V041)
+    assert paths.state_dir.parent == user_tmp
+    assert paths.run_key == paths.state_dir / "run.key"
+    assert paths.launcher_tmp is not None and len(str(paths.launcher_tmp)) <= MAX_SOCKET_DIR
+    assert plan.env["NVTRAIN_RUN_KEY_FILE"] == str(paths.run_key)
+    assert plan.env["TMPDIR"] == str(paths.launcher_tmp)
+    assert plan.env["NVTRAIN_USER_TMPDIR"] == str(user_tmp)
+
+    short = Path("/tmp/nvtrain-r-node0-1")
+    assert launcher_tmpdir(short) == short / "tmp"
+    long_state = Path("/tmp") / ("nvtrain-" + "x" * 60 + "-node0-1")
+    beside = launcher_tmpdir(long_state)
+    assert beside.parent == Path("/tmp") and beside.name.startswith(f"nvtrain-{os.getpid()}-")
+    assert launcher_tmpdir(long_state) != beside  # a random name: nothing to pre-create
+    deep = Path("/" + "d" * 70) / "nvtrain-r-node0-1"
+    assert launcher_tmpdir(deep).parent == Path("/tmp")

@@ -23,9 +23,11 @@ import sys
 from pathlib import Path
 
 from nvtrain.config.schema import Heartbeat, Job, Policy
+from nvtrain.entry import USER_TMPDIR_ENV
 from nvtrain.launcher.dns import store_name
 from nvtrain.launcher.identity import Identity
 from nvtrain.nvrx import NvrxVersion
+from nvtrain.private import RUN_KEY_ENV
 
 __all__ = [
     "FT_CONFIG_NAME",
@@ -196,6 +198,9 @@ def build_plan(
     zygote_path: str | None = None,
     ft_config_path: str | None = None,
     worker_library: bool = True,
+    run_key_path: str | None = None,
+    launcher_tmp: str | None = None,
+    user_tmpdir: str = "",
 ) -> LaunchPlan:
     """ft_launcher's command line and extra environment for this node.
 
@@ -203,7 +208,11 @@ def build_plan(
     placed after nvtrain's own and before the entrypoint. ``ft_config_path`` is where
     ``rundir.write_state`` writes :func:`ft_config_text`. ``worker_library``: whether the
     entrypoint uses nvtrain's worker library (:func:`uses_worker_library`), without which the
-    in-process layer cannot act and needs nothing from the environment."""
+    in-process layer cannot act and needs nothing from the environment. ``run_key_path``: the
+    run's secret, which the workers find through ``$NVTRAIN_RUN_KEY_FILE``. ``launcher_tmp``:
+    the private ``$TMPDIR`` of ft_launcher and the warm-start server (NVRx's IPC sockets, torch
+    elastic's logs); the workers inherit it, and ``nvtrain.entry`` gives the script
+    ``user_tmpdir`` instead (``$TMPDIR`` of ``nvtrain run``; empty: it was unset)."""
     r, hb, job = policy.rendezvous, policy.heartbeat, policy.job
     if identity.standalone:
         host, wait_for = "127.0.0.1", None
@@ -272,6 +281,11 @@ def build_plan(
         env["NVTRAIN_HOST_COPY_DIR"] = host_copy_path
     if zygote is not None and zygote_path:
         env["NVTRAIN_ZYGOTE"] = zygote_path
+    if run_key_path:
+        env[RUN_KEY_ENV] = run_key_path
+    if launcher_tmp:
+        env["TMPDIR"] = launcher_tmp
+        env[USER_TMPDIR_ENV] = user_tmpdir
     # Only what the chosen layers need: a plain torchrun script keeps torch's and NCCL's defaults.
     defaults: dict[str, str] = {}
     if policy.restart.in_process.enabled and worker_library:

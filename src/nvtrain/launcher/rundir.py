@@ -1,6 +1,12 @@
 """The run's files on this node: the plan and the paths (``prepare``, which writes nothing, for
 ``--dry-run`` too), and the state written before ft_launcher starts (``write_state``), with the
-checks that turn an unwritable checkpoint volume into a usage error at start.
+checks that turn an unwritable checkpoint volume, or a folder that another user made or can
+enter, into a usage error at start.
+
+Every folder made here is made through ``nvtrain.private``: at mode 0700, and one that exists
+already is used only when it is this user's and closed to others (the run's folder on the shared
+checkpoint volume: not writable by group or others). A refused start removes what it made and
+nothing else.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from nvtrain import private
 from nvtrain.config.schema import Policy
 from nvtrain.errors import UsageError
 from nvtrain.launcher.identity import Identity
@@ -27,6 +34,7 @@ from nvtrain.runlog.files import pod_events_file
 __all__ = [
     "RunPaths",
     "host_copy_dir",
+    "launcher_tmpdir",
     "os_error_text",
     "prepare",
     "remove_stale_host_copies",
@@ -37,6 +45,12 @@ __all__ = [
 
 _PROBE_BYTES = 64 << 10
 """Written (and synced) into the run's folder at start: a full volume fails here, not later."""
+RUN_KEY_NAME = "run.key"
+"""The run's secret in the state folder (``private.write_run_key``; ``$NVTRAIN_RUN_KEY_FILE``)."""
+MAX_SOCKET_DIR = 72
+"""The longest ``$TMPDIR`` for ft_launcher: NVRx 0.4 binds ``$TMPDIR/_ft_launcher<pid>_rmon<local
+rank>.socket`` (35 more bytes with a 7-digit pid and local ranks below 1000), and a Unix socket's
+path holds at most 107 bytes."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +70,17 @@ class RunPaths:
     kept for the workers that replace it; None when the policy keeps no such copy."""
     ft_config: Path | None = None
     """Node-local: NVRx's fault-tolerance config from ``[heartbeat]`` (``--ft-cfg-path``)."""
+    launcher_tmp: Path | None = None
+    """Node-local, private: ft_launcher's and the warm-start server's ``$TMPDIR`` (NVRx's IPC
+    sockets, torch elastic's log folder), ``<state folder>/tmp`` unless that path is too long
+    for a socket's (``launcher_tmpdir``); removed with the state. None: the launcher's own."""
+    made: list[Path] = dataclasses.field(default_factory=list, compare=False, repr=False)
+    """The folders ``write_state`` made (not those it found): a refused start removes them."""
+
+    @property
+    def run_key(self) -> Path:
+        """The run's secret, a private file in the state folder (``$NVTRAIN_RUN_KEY_FILE``)."""
+        return self.state_dir / RUN_KEY_NAME
 
 
 def host_copy_dir(policy: Policy, identity: Identity) -> Path | None:
@@ -64,6 +89,18 @@ def host_copy_dir(policy: Policy, identity: Identity) -> Path | None:
     if not (c.async_ and c.in_memory and c.memory_dir):
         return None
     return Path(c.memory_dir) / f"nvtrain-{identity.run_id}-node{identity.node_rank}-{os.getpid()}"
+
+
+def launcher_tmpdir(state: Path) -> Path:
+    """ft_launcher's private ``$TMPDIR``: ``<state>/tmp``, or when that is longer than
+    ``MAX_SOCKET_DIR`` (a long ``$TMPDIR`` or run id) a folder of a random name beside the state
+    folder, else in ``/tmp``. ``write_state`` makes it at 0700."""
+    inside = state / "tmp"
+    if len(str(inside)) <= MAX_SOCKET_DIR:
+        return inside
+    name = f"nvtrain-{os.getpid()}-{secrets.token_hex(4)}"
+    beside = state.parent / name
+    return beside if len(str(beside)) <= MAX_SOCKET_DIR else Path("/tmp") / name
 
 
 def prepare(
@@ -95,6 +132,7 @@ def prepare(
         state / "policy.json",
         host,
         state / FT_CONFIG_NAME,
+        launcher_tmpdir(state),
     )
     plan = build_plan(
         policy,
@@ -109,62 +147,122 @@ def prepare(
         zygote_path=str(state / "zygote.sock"),
         ft_config_path=str(paths.ft_config),
         worker_library=uses_worker_library(policy.job),
+        run_key_path=str(paths.run_key),
+        launcher_tmp=str(paths.launcher_tmp),
+        user_tmpdir=os.environ.get("TMPDIR", ""),
     )
     return plan, paths
 
 
 def write_state(policy: Policy, paths: RunPaths) -> None:
-    """Write the resolved policy (JSON) that the workers read through ``NVTRAIN_POLICY``, and
-    NVRx's fault-tolerance config that ft_launcher reads (``--ft-cfg-path``), after checking
-    that the run's folder can be written, with room to spare (so a refused start leaves
-    nothing). A storage error is a ``UsageError`` (exit 2) naming the key and the fix."""
-    created = not paths.run_dir.exists()
+    """Make the run's folder (checked writable, with room to spare), this node's private state
+    folder with the resolved policy (JSON) that the workers read through ``NVTRAIN_POLICY``,
+    NVRx's fault-tolerance config that ft_launcher reads (``--ft-cfg-path``), the run's secret
+    (``run.key``) and ft_launcher's private ``$TMPDIR``, then the host-copy folder. A storage
+    error, or a folder that another user made or can enter, is a ``UsageError`` (exit 2) naming
+    the key or variable and the fix; the folders this start made are then removed, and a refused
+    folder is neither used nor touched."""
     try:
-        paths.run_dir.mkdir(parents=True, exist_ok=True)
+        _make_run_dir(policy, paths)
+        _make_state(policy, paths)
+        if paths.host_copy is not None:
+            _make_host_copy(policy, paths, paths.host_copy)
+    except BaseException:
+        _remove_made(paths)
+        raise
+
+
+def _make_run_dir(policy: Policy, paths: RunPaths) -> None:
+    """``<checkpoint dir>/<run id>``, shared by the job's pods (so it may exist): made at 0700;
+    one that exists must be this user's, not a link, and not writable by group or others."""
+    try:
+        paths.run_dir.parent.mkdir(parents=True, exist_ok=True)
+        if private.make_private_dir(paths.run_dir, closed=0o022):
+            paths.made.append(paths.run_dir)
         _probe(paths.run_dir)
+    except private.NotPrivate as exc:
+        raise UsageError(
+            f"[checkpoint] dir = {json.dumps(policy.checkpoint.dir)}: the run's folder {exc.path} "
+            f"{exc.reason}; nvtrain uses a run folder only when it is this user's and not "
+            "writable by group or others (another user could plant files the workers load)",
+            f"remove {exc.path} (look at what is in it first), or make it this user's and closed "
+            "(chown, chmod go-w), or start with another run id",
+        ) from None
     except OSError as exc:
-        if created:
-            with contextlib.suppress(OSError):
-                paths.run_dir.rmdir()
         raise unwritable_run_dir(policy, paths.run_dir, exc) from None
+
+
+def _make_state(policy: Policy, paths: RunPaths) -> None:
+    state = paths.state_dir
     try:
-        paths.state_dir.mkdir(parents=True, exist_ok=True)
+        if private.make_private_dir(state):
+            paths.made.append(state)
+        if paths.launcher_tmp is not None:
+            # Inside the state folder it may be left from a launcher of the same pid (a container
+            # restarted with its $TMPDIR); beside it, the name is random: anything there is not ours.
+            inside = paths.launcher_tmp.parent == state
+            if private.make_private_dir(paths.launcher_tmp, exist_ok=inside) and not inside:
+                paths.made.append(paths.launcher_tmp)
         tmp = paths.policy.with_suffix(".tmp")
         tmp.write_text(policy.model_dump_json(by_alias=True), encoding="utf-8")
         os.replace(tmp, paths.policy)
         if paths.ft_config is not None:
             paths.ft_config.write_text(ft_config_text(policy.heartbeat), encoding="utf-8")
-    except OSError as exc:
-        shutil.rmtree(paths.state_dir, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):  # a key of an earlier launcher of this pid
+            paths.run_key.unlink()
+        private.write_run_key(paths.run_key)
+    except private.NotPrivate as exc:
+        what = "the run's state folder" if exc.path == state else "ft_launcher's temporary folder"
         raise UsageError(
-            f"cannot write the run's state folder {paths.state_dir} in $TMPDIR: {os_error_text(exc)}",
+            f"$TMPDIR ({state.parent}): {what} {exc.path} {exc.reason}; nvtrain uses a state "
+            "folder only when this user made it and no one else can enter it (another user could "
+            "read the run's key or change what ft_launcher reads)",
+            f"remove {exc.path} (look at what is in it first), or point TMPDIR at a folder that "
+            "only this user can write",
+        ) from None
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write the run's state folder {state} in $TMPDIR: {os_error_text(exc)}",
             "free space in $TMPDIR, or point TMPDIR at a writable folder with room",
         ) from None
-    if paths.host_copy is not None:
-        remove_stale_host_copies(paths.host_copy)
-        try:
-            paths.host_copy.mkdir(mode=0o700, parents=False, exist_ok=True)
-        except OSError as exc:
-            shutil.rmtree(paths.state_dir, ignore_errors=True)
-            raise UsageError(
-                f"[checkpoint] memory_dir = {json.dumps(policy.checkpoint.memory_dir)}: cannot make "
-                f"the folder {paths.host_copy}: {os_error_text(exc)}",
-                "mount memory-backed storage there (an emptyDir with medium: Memory at /dev/shm), "
-                'or set memory_dir = "" to keep the copy in the worker only',
-            ) from None
+
+
+def _make_host_copy(policy: Policy, paths: RunPaths, folder: Path) -> None:
+    remove_stale_host_copies(folder)
+    memory_dir = json.dumps(policy.checkpoint.memory_dir)
+    try:
+        if private.make_private_dir(folder):
+            paths.made.append(folder)
+    except private.NotPrivate as exc:
+        raise UsageError(
+            f"[checkpoint] memory_dir = {memory_dir}: the host-copy folder {exc.path} {exc.reason}; "
+            "nvtrain uses a host-copy folder only when this user made it and no one else can "
+            "enter it (another user could plant a checkpoint the workers restore)",
+            f"remove {exc.path} (look at what is in it first), or set memory_dir to a folder that "
+            'only this user can write, or memory_dir = "" to keep the copy in the worker only',
+        ) from None
+    except OSError as exc:
+        raise UsageError(
+            f"[checkpoint] memory_dir = {memory_dir}: cannot make the folder {folder}: {os_error_text(exc)}",
+            "mount memory-backed storage there (an emptyDir with medium: Memory at /dev/shm), "
+            'or set memory_dir = "" to keep the copy in the worker only',
+        ) from None
 
 
 def remove_stale_host_copies(mine: Path) -> list[Path]:
     """Remove the host-copy folders of this run and node that a launcher killed outright (no
     ``finally`` ran: SIGKILL, an OOM kill of the container) left in the memory-backed folder,
     where they would hold two copies of every rank's state until the pod ends. A folder counts
-    as stale when no ``nvtrain`` process has the pid in its name. Returns those removed."""
+    as stale when no ``nvtrain`` process has the pid in its name, and only a folder of this
+    user's (never a link, nor another user's folder of that name). Returns those removed."""
     prefix, _, _pid = mine.name.rpartition("-")
     removed = []
     with contextlib.suppress(OSError):
         for entry in mine.parent.iterdir():
             head, _, pid = entry.name.rpartition("-")
             if head != prefix or not pid.isdigit() or entry == mine or _is_nvtrain(int(pid)):
+                continue
+            if private.check_private_dir(entry, closed=0) is not None:
                 continue
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
@@ -181,10 +279,26 @@ def _is_nvtrain(pid: int) -> bool:
 
 
 def remove_state(paths: RunPaths) -> None:
-    """Remove this node's state folder and host copies (the run has ended)."""
-    shutil.rmtree(paths.state_dir, ignore_errors=True)
-    if paths.host_copy is not None:
-        shutil.rmtree(paths.host_copy, ignore_errors=True)
+    """Remove this node's state folder, ft_launcher's ``$TMPDIR`` and the host copies (the run
+    has ended, or did not start), and the run's folder if this start made it and it is still
+    empty. Only folders of this user's that are closed to others (``write_state`` made or
+    accepted them): never one it refused."""
+    for folder in (paths.state_dir, paths.host_copy):
+        if folder is not None and (folder in paths.made or private.check_private_dir(folder) is None):
+            shutil.rmtree(folder, ignore_errors=True)
+    _remove_made(paths)
+
+
+def _remove_made(paths: RunPaths) -> None:
+    """Remove the folders this start made (``paths.made``), and nothing else: the run's folder
+    only while it is empty (another pod may have written into it by now)."""
+    for folder in reversed(paths.made):
+        if folder == paths.run_dir:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+    paths.made.clear()
 
 
 def _probe(folder: Path) -> None:

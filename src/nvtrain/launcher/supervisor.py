@@ -414,9 +414,10 @@ def launcher_log_path(paths: RunPaths, node: int) -> Path:
 
 
 def launch_env(plan: LaunchPlan) -> dict[str, str]:
-    """ft_launcher's environment: the plan's defaults, this process's environment, the plan's."""
+    """ft_launcher's environment: the plan's defaults, this process's environment, the plan's
+    (its ``TMPDIR``, a private folder short enough for NVRx's sockets, wins)."""
     env = {**plan.env_defaults, **os.environ, **plan.env}
-    if len(tempfile.gettempdir()) > _MAX_TMPDIR:
+    if "TMPDIR" not in plan.env and len(tempfile.gettempdir()) > _MAX_TMPDIR:
         # NVRx puts its Unix sockets in $TMPDIR; a long path breaks them silently (108 bytes).
         env["TMPDIR"] = "/tmp"
     return env
