@@ -206,7 +206,7 @@ def test_a_damaged_newest_checkpoint_is_moved_aside_at_restore(tmp_path: Path, h
     assert (aside / "__0_0.distcp").is_file()  # moved, not deleted: kept to look at
     (rejected,) = _named(log, "checkpoint_rejected")
     assert (rejected["step"], rejected["moved_to"]) == (20, str(aside))
-    expected = "COMMITTED" if how == "no-committed" else "does not match its checksum"
+    expected = "COMMITTED" if how == "no-committed" else "does not match its manifest's digest"
     assert expected in rejected["problem"], rejected["problem"]
     # A second restore finds nothing to reject.
     assert _restore(run_dir, tmp_path / "again.jsonl") == (10, at_10)

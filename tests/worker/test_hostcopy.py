@@ -27,6 +27,9 @@ from test_checkpointer import (
     _policy,
     _train,
 )
+from worker_helpers import run_key_env
+
+from nvtrain.private import make_private_dir
 
 pytestmark = [
     pytest.mark.filterwarnings(
@@ -36,13 +39,17 @@ pytestmark = [
 
 
 @pytest.fixture(autouse=True)
-def _fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
+def _fresh_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A fresh process of a run: nothing in memory, and the run's key (as ``nvtrain run``
+    gives its workers) in ``$NVTRAIN_RUN_KEY_FILE``."""
     import nvtrain.worker.checkpoint as checkpoint
     import nvtrain.worker.hostcopy as hostcopy
 
     monkeypatch.setattr(checkpoint, "_IN_MEMORY", {})
     monkeypatch.setattr(hostcopy, "_COPIES", {})
     monkeypatch.delenv("NVTRAIN_HOST_COPY_DIR", raising=False)
+    for name, value in run_key_env(tmp_path / "keys").items():
+        monkeypatch.setenv(name, value)
 
 
 def _new_process(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -57,7 +64,7 @@ def _new_process(monkeypatch: pytest.MonkeyPatch) -> None:
 def _saved(tmp_path: Path, steps: tuple[int, ...] = (10,)) -> tuple[Path, Path, dict[str, Any], int]:
     """Save ``steps`` with a host copy in ``tmp_path/shm``; the bits and position of the last."""
     run_dir, shm = tmp_path / "run", tmp_path / "shm"
-    shm.mkdir()
+    make_private_dir(shm)
     model, optimizer = _model(0)
     position = Position(0)
     ckpt = _checkpointer(
@@ -122,7 +129,7 @@ def test_the_newest_committed_copy_survives_the_next_save_in_its_other_slot(
     saved10 = None
     # Save 10 again in a fresh series so that its bits are known, then 20.
     run_dir, shm = tmp_path / "run2", tmp_path / "shm2"
-    shm.mkdir()
+    make_private_dir(shm)
     model, optimizer = _model(0)
     ckpt = _checkpointer(run_dir, model, optimizer, _policy(True), host_copy_dir=str(shm))
     ckpt.restore()
@@ -268,7 +275,7 @@ def test_a_sigkilled_worker_is_replaced_by_a_process_that_restores_from_memory(t
     """Real processes: one saves and is SIGKILLed; the next restores step 10 or 15 (whichever
     is committed) from the host copy, bitwise."""
     run, shm = tmp_path / "run", tmp_path / "shm"
-    shm.mkdir()
+    make_private_dir(shm)
     tests = str(Path(__file__).parent)
     script = _KILLED_SAVER.format(tests=tests, run=str(run), shm=str(shm))
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
@@ -314,7 +321,7 @@ def test_a_sigkilled_worker_is_replaced_by_a_process_that_restores_from_memory(t
 def _tmpfs(folder: Path, size: str) -> Any:
     folder.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(folder)], capture_output=True
     )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")

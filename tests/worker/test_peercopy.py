@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_helpers import BIN, WarmServer, child_env, free_port_pair, run_ranks
+from worker_helpers import BIN, WarmServer, child_env, free_port_pair, run_key_env, run_ranks
 
 from nvtrain.events import read_events
+from nvtrain.private import make_private_dir
 
 pytestmark = pytest.mark.slow
 
@@ -35,6 +36,7 @@ def _ranks(base: Path, mode: str, warm: WarmServer) -> list[dict[str, Any]]:
             MASTER_PORT=str(port),
             OMP_NUM_THREADS="1",
             NVTRAIN_HOST_COPY_DIR=str(base / "shm" / f"pod{rank // PER_POD}"),
+            NVTRAIN_RUN_KEY_FILE=str(base / "keys" / f"pod{rank // PER_POD}" / "run.key"),
         )
         for rank in range(WORLD)
     ]
@@ -56,8 +58,11 @@ def _ranks(base: Path, mode: str, warm: WarmServer) -> list[dict[str, Any]]:
 def saved(tmp_path_factory: pytest.TempPathFactory, warm_server: WarmServer) -> tuple[Path, list[str]]:
     """Steps 10 and 20 saved by 4 ranks on 2 pods; (the folder, each rank's digest at step 20)."""
     base = tmp_path_factory.mktemp("peer")
-    for pod in range(WORLD // PER_POD):
-        (base / "shm" / f"pod{pod}").mkdir(parents=True)
+    for name in ("shm", "keys"):
+        make_private_dir(base / name)
+    for pod in range(WORLD // PER_POD):  # each pod's launcher has its own key
+        make_private_dir(base / "shm" / f"pod{pod}")
+        run_key_env(base / "keys" / f"pod{pod}")
     results = _ranks(base, "save", warm_server)
     digests = [r["saved"] for r in results]
     assert len(set(digests)) == WORLD, digests  # each rank's state is its own
@@ -68,13 +73,17 @@ def _copy(saved: tuple[Path, list[str]], tmp_path: Path) -> Path:
     base = tmp_path / "job"
     shutil.copytree(saved[0] / "run", base / "run")
     shutil.copytree(saved[0] / "shm", base / "shm")
+    shutil.copytree(saved[0] / "keys", base / "keys")
     return base
 
 
 def _lose_pod_1(base: Path) -> None:
-    """Pod 1 is replaced: its memory (and every copy in it) is gone."""
+    """Pod 1 is replaced: its memory (and every copy in it) is gone, and its new launcher has a
+    new key."""
     shutil.rmtree(base / "shm" / "pod1")
-    (base / "shm" / "pod1").mkdir()
+    make_private_dir(base / "shm" / "pod1")
+    shutil.rmtree(base / "keys" / "pod1")
+    run_key_env(base / "keys" / "pod1")
 
 
 def _restores(base: Path) -> list[Any]:
@@ -147,3 +156,32 @@ def test_a_missing_peer_copy_sends_every_rank_to_storage(
         "rank(s) 3 have no copy of their own and no peer keeps one"
     ), problems
     assert problems[0] == "rank(s) 3 have no copy of their own and no peer keeps one", problems
+
+
+def test_a_forged_peer_copy_is_not_sent_back_and_storage_is_read(
+    saved: tuple[Path, list[str]], tmp_path: Path, warm_server: WarmServer
+) -> None:
+    """The copy pod 0 keeps for rank 2, with its extra replaced and its header sealed again with
+    a key that is not pod 0's (a forger without the key): rank 0 does not count it as a copy it
+    keeps (its MAC does not verify), so every rank reads storage."""
+    import os
+
+    import blake3
+
+    base = _copy(saved, tmp_path)
+    folder = base / "shm" / "pod0"
+    (folder / "peer-rank2.extra").write_bytes(b"forged")
+    header = json.loads((folder / "peer-rank2.json").read_text())
+    key = os.urandom(32)
+    header["extra_hash"] = blake3.blake3(b"forged", key=key).hexdigest()
+    text = json.dumps({k: v for k, v in header.items() if k != "mac"}, sort_keys=True, separators=(",", ":"))
+    header["mac"] = blake3.blake3(text.encode(), key=key).hexdigest()
+    (folder / "peer-rank2.json").write_text(json.dumps(header))
+    _lose_pod_1(base)
+    results = _ranks(base, "restore", warm_server)
+    for rank, result in enumerate(results):
+        assert result["restored"][0] == {"step": 20, "digest": saved[1][rank]}, (rank, result)
+    first = _restores(base)[:WORLD]
+    assert {e.origin for e in first} == {"storage"}, first
+    problem = next(e.memory_problem for e in first if e.rank == 2) or ""
+    assert "rank(s) 2 have no copy of their own and no peer keeps one" in problem, first

@@ -65,6 +65,16 @@ def child_env(token: str | None = None, **extra: str) -> dict[str, str]:
     return env
 
 
+def run_key_env(folder: Path) -> dict[str, str]:
+    """What ``nvtrain run`` gives a node's workers for their host copies' key: a new private
+    folder (0700) ``folder`` holding a new random run key (0600); the variable naming it."""
+    from nvtrain.private import RUN_KEY_ENV, make_private_dir, write_run_key
+
+    make_private_dir(folder, exist_ok=False)
+    write_run_key(folder / "run.key")
+    return {RUN_KEY_ENV: str(folder / "run.key")}
+
+
 def _toml(value: Any) -> str:
     return toml_value(value, limit=1 << 20)  # the project's own TOML writer, never shortened
 

@@ -356,11 +356,22 @@ class CheckpointCorrupt(Event):
 
 @_event("checkpoint_rejected")
 class CheckpointRejected(Event):
+    """A step folder found damaged or forged, moved aside (``moved_to``) so it is never used."""
+
     step: int | None = None
     path: str | None = None
     moved_to: str | None = None
     problem: str | None = None
+    """What was wrong, naming the file: ``extra-rank1.pt does not match its manifest's digest
+    (found by rank 1)``, ``the .metadata names a class that is not allowed: posix.system``."""
     error: str | None = None
+    """Why it could not be moved aside (a read-only volume); it is skipped all the same."""
+
+    @property
+    def text(self) -> str:
+        """The event in one line: ``step 120: <problem>; moved to <path>``."""
+        where = f"moved to {self.moved_to}" if self.moved_to else f"left in place ({self.error})"
+        return f"step {self.step}: {self.problem or 'no reason given'}; {where}"
 
 
 @_event("checkpoint_failed")

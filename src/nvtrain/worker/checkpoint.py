@@ -19,7 +19,9 @@ exists, it is kept only if it verifies (the fresh save is then dropped), else it
 and the fresh save takes its place. Restore picks the newest committed checkpoint of this run
 whose files all match their manifests, and rejects (rank 0 moves aside, once every rank agreed)
 the newer ones that do not and the step folders without COMMITTED, so no later save or
-retention takes them for good ones. Retention keeps the checkpoint just committed (verified by
+retention takes them for good ones. Nothing read back is unpickled with code (``plain``): a
+checkpoint whose ``extra-rank*.pt``, ``.metadata`` or shards name anything but plain data is
+rejected like a corrupt one. Retention keeps the checkpoint just committed (verified by
 construction) and the ``keep - 1`` committed ones before it; newer folders are neither counted
 nor deleted.
 
@@ -76,9 +78,18 @@ from nvtrain.events.records import (
     CheckpointStaged,
 )
 from nvtrain.worker.hostcopy import ENV as HOST_COPY_ENV
-from nvtrain.worker.hostcopy import HostCopy, Layout, Unsupported, host_copy, in_background
+from nvtrain.worker.hostcopy import HostCopy, Layout, Unsupported, host_copy, in_background, usable
 from nvtrain.worker.peercopy import PeerCopies
 from nvtrain.worker.peercopy import enabled as peer_copies_possible
+from nvtrain.worker.plain import (
+    MetadataReader,
+    PlainLoadPlanner,
+    Refused,
+    check_plain,
+    load_plain,
+    read_metadata,
+    refusal,
+)
 from nvtrain.worker.settings import say
 
 __all__ = ["Checkpointer", "CorruptCheckpoint", "committed_steps"]
@@ -239,13 +250,22 @@ def _step_dir(run_dir: Path, step: int) -> Path:
 
 
 def _rng_state() -> dict[str, Any]:
+    """The RNG states as plain data (what ``torch.load(weights_only=True)`` reads back): numpy's
+    ``get_state()`` tuple holds an array, kept here as a list of its integers."""
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     with contextlib.suppress(ImportError):
         import numpy
 
-        state["numpy"] = numpy.random.get_state()
+        kind, keys, pos, has_gauss, gauss = numpy.random.get_state()
+        state["numpy"] = {
+            "kind": str(kind),
+            "keys": [int(k) for k in keys],
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        }
     return state
 
 
@@ -258,7 +278,11 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         with contextlib.suppress(ImportError):
             import numpy
 
-            numpy.random.set_state(state["numpy"])
+            saved = state["numpy"]
+            if isinstance(saved, dict):
+                keys = numpy.array(saved["keys"], dtype=numpy.uint32)
+                saved = (saved["kind"], keys, saved["pos"], saved["has_gauss"], saved["gauss"])
+            numpy.random.set_state(saved)  # (a tuple: written before plain RNG states)
 
 
 def _nbytes(state: Any) -> int:
@@ -345,6 +369,16 @@ class _Held:
 
 _IN_MEMORY: dict[str, _Held] = {}
 """Per run directory; survives in-process restarts (same process), not process restarts."""
+
+_SAID: set[str] = set()
+"""Lines said once per process (not once per in-process attempt)."""
+
+
+def _say_once(message: str) -> None:
+    if message not in _SAID:
+        _SAID.add(message)
+        say(message)
+
 
 _PLACING = threading.Lock()
 """Held while rank 0 puts a commit in place: an earlier attempt's background commit (after an
@@ -449,12 +483,20 @@ class Checkpointer:
         """Why the restore did not use the host copy (when there is one to use)."""
         folder = os.environ.get(HOST_COPY_ENV) if host_copy_dir is None else host_copy_dir
         self.host: HostCopy | None = None
+        key: bytes | None = None
         if folder and policy.async_ and policy.in_memory:
-            self.host = host_copy(
-                Path(folder), run_id=run_id or run_dir.name, rank=self.rank, world=self.world
-            )
-            if self.host.broken:  # said once, when it broke
-                self.host = None
+            key, why = usable(Path(folder))
+            if key is None:
+                _say_once(
+                    f"no host copy in {folder}: {why}; saves stage into this process's memory, and "
+                    "a replaced worker restores from storage"
+                )
+            else:
+                self.host = host_copy(
+                    Path(folder), run_id=run_id or run_dir.name, rank=self.rank, world=self.world, key=key
+                )
+                if self.host.broken:  # said once, when it broke
+                    self.host = None
         # The copies on another pod: decided alike on every rank (the same policy, world and
         # pod size), whether or not this rank's own copy works, since each exchange takes both.
         per_pod = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
@@ -469,6 +511,7 @@ class Checkpointer:
         ):
             self.peers = PeerCopies(
                 Path(folder),
+                key=key,
                 run_id=run_id or run_dir.name,
                 rank=self.rank,
                 world=self.world,
@@ -498,7 +541,11 @@ class Checkpointer:
         return {"model": model_sd}
 
     def _extra_state(self, step: int) -> dict[str, Any]:
+        """The per-rank state besides the model's; ``ExtraNotPlain`` when an extra holds
+        something a restore could not read back as plain data."""
         extras = {k: (v.state_dict() if hasattr(v, "state_dict") else v) for k, v in self.extra.items()}
+        for key, value in extras.items():
+            check_plain(str(key), value)
         return {"step": step, "world": self.world, "rng": _rng_state(), "extra": extras}
 
     def _broadcast_token(self) -> str:
@@ -525,6 +572,7 @@ class Checkpointer:
 
     def _save(self, step: int) -> None:
         t0 = time.monotonic()
+        extra_state = self._extra_state(step)  # checked before anything is written
         self.wait()  # the previous save is finalized before the next starts
         waited = time.monotonic() - t0
         token = self._broadcast_token()
@@ -543,7 +591,6 @@ class Checkpointer:
             self.host.keep = self.newest_committed  # its slot is kept; the other is restaged
         state = self._state()
         nbytes = _nbytes(state)
-        extra_state = self._extra_state(step)
         if failed is None:
             buffer = io.BytesIO()  # written by Python, so that a full volume is an OSError
             torch.save(extra_state, buffer)
@@ -771,16 +818,19 @@ class Checkpointer:
 
     def _reject(self, folder: Path, step: int, problem: str) -> None:
         """Rank 0: move a damaged step folder aside, so it is never restored, kept as a commit
-        or counted by retention (``_retain`` deletes it once a later step is committed)."""
+        or counted by retention (``_retain`` deletes it once a later step is committed); one
+        line says what was wrong."""
         aside = folder.with_name(f"{folder.name}.rejected-{secrets.token_hex(4)}")
         try:
             os.rename(folder, aside)
             _fsync_dir(folder.parent)
         except OSError as exc:  # a read-only volume: restore skips it all the same
             error = _os_error_text(exc)
-            self._emit(CheckpointRejected(step=step, path=str(folder), problem=problem, error=error))
-            return
-        self._emit(CheckpointRejected(step=step, path=str(folder), moved_to=str(aside), problem=problem))
+            event = CheckpointRejected(step=step, path=str(folder), problem=problem, error=error)
+        else:
+            event = CheckpointRejected(step=step, path=str(folder), moved_to=str(aside), problem=problem)
+        self._emit(event)
+        say(f"checkpoint rejected: {event.text}")
 
     def _retain(self, newest: int) -> None:
         """``newest`` was just committed (or verified) here: keep it and the ``keep - 1``
@@ -953,15 +1003,38 @@ class Checkpointer:
             if ("xxh3" in entry and _digest(path) != entry["xxh3"]) or (
                 "xxh3" not in entry and _crc(path) != entry.get("crc32")
             ):
-                return f"{name} does not match its checksum"
+                return f"{name} does not match its manifest's digest"
         return None
 
-    def _all_ok(self, problem: str | None) -> bool:
+    def _first_problem(self, problem: str | None) -> str | None:
+        """Every rank: the first rank's problem with a checkpoint (naming the rank when there
+        are several), or None when every rank found none."""
         if not self.distributed:
-            return problem is None
-        flag = torch.tensor([0 if problem is None else 1])
-        dist.all_reduce(flag, group=self.group)
-        return int(flag.item()) == 0
+            return problem
+        everyone: list[str | None] = [None] * self.world
+        dist.all_gather_object(everyone, problem, group=self.group)
+        found = [(rank, p) for rank, p in enumerate(everyone) if p is not None]
+        return None if not found else f"{found[0][1]} (found by rank {found[0][0]})"
+
+    def _read_plain(self, folder: Path) -> tuple[str | None, dict[str, Any] | None]:
+        """This rank's extra state of the checkpoint in ``folder`` read as plain data, and rank
+        0's check of DCP's ``.metadata`` (every rank reads it through ``MetadataReader`` too):
+        (what was refused, the extra state)."""
+        name = f"extra-rank{self.rank}.pt"
+        extra = None
+        try:
+            if (folder / name).is_file():
+                extra = load_plain(folder / name, legacy_numpy=True, what=name)
+            if self.rank == 0:
+                with (folder / ".metadata").open("rb") as stream:
+                    read_metadata(stream)
+        except Refused as exc:
+            return str(exc), None
+        except OSError as exc:
+            return f"cannot read it: {_os_error_text(exc)}", None
+        if extra is not None and not isinstance(extra, dict):
+            return f"{name} holds a {type(extra).__name__}, not the extra state", None
+        return None, extra
 
     def restore(self) -> int:
         """Load the newest intact committed checkpoint of this run; returns its step (0: none)."""
@@ -1008,13 +1081,23 @@ class Checkpointer:
             for step in reversed(steps):
                 folder = _step_dir(self.run_dir, step)
                 problem = self._verify(folder, step)
-                if not self._all_ok(problem):
-                    problem = problem or "a file checked by another rank"
+                extra = None
+                if problem is None:
+                    problem, extra = self._read_plain(folder)
+                problem = self._first_problem(problem)
+                if problem is None:
+                    try:
+                        self._load(folder, extra)
+                    except (Exception, CheckpointException) as exc:
+                        refused = refusal(exc)
+                        if refused is None:
+                            raise
+                        problem = f"{refused} (read by torch's loader)"  # every rank raised it
+                if problem is not None:
                     self._emit(CheckpointCorrupt(step=step, path=str(folder), problem=problem))
-                    if self.rank == 0:  # every rank is done with it (the all-reduce above)
+                    if self.rank == 0:  # every rank is done with it (the all-gather above)
                         self._reject(folder, step, problem)
                     continue
-                self._load(folder)
                 self.last_saved = self.newest_committed = step
                 self._emit(
                     CheckpointRestored(
@@ -1155,9 +1238,15 @@ class Checkpointer:
                 if target is not None and hasattr(target, "load_state_dict"):
                     target.load_state_dict(value)
 
-    def _load(self, folder: Path) -> None:
+    def _load(self, folder: Path, extra: dict[str, Any] | None) -> None:
+        """Load the shards in ``folder`` (nothing unpickled with code: ``plain``) and apply them
+        with ``extra``, this rank's extra state as ``_read_plain`` read it."""
         state = self._state()
-        dcp_load(state, checkpoint_id=str(folder), process_group=self.group)
-        extra_path = folder / f"extra-rank{self.rank}.pt"
-        extra = torch.load(extra_path, weights_only=False) if extra_path.is_file() else None
+        dcp_load(
+            state,
+            checkpoint_id=str(folder),
+            storage_reader=MetadataReader(str(folder)),
+            planner=PlainLoadPlanner(),
+            process_group=self.group,
+        )
         self._apply(state, extra)

@@ -14,11 +14,22 @@ next save is staged into the other one. Per slot::
     rank3.slot0.json    the header, written last (renamed into place), removed before restaging
 
 The header names the run id, rank, world size, step, the commit's token (the id that rank 0 writes
-into that step's COMMITTED file), the state's layout, and xxh3 hashes of the data and the extra
-file. A copy is used only when every one of them matches the checkpoint being restored and the
-live model; otherwise the rank says why and the run restores from storage. So a copy that is
-stale (an older step, or a step whose save was dropped and redone), partial (a worker killed
-while staging: no header), foreign (another run, rank or world size) or damaged is never loaded.
+into that step's COMMITTED file), the state's layout, and keyed BLAKE3 hashes of the data and the
+extra file; a MAC (keyed BLAKE3 over the canonical JSON of the other fields) seals it. The key is
+the run's secret (``nvtrain.private.run_key``: a private file that ``nvtrain run`` writes, one
+per node's launcher), so a copy that this node's launcher's workers did not write (or re-seal,
+for a peer's copy: ``reseal``) does not verify. A copy is used only when its MAC verifies and
+every field and hash matches the checkpoint being restored and the live model; otherwise the
+rank says why and the run restores from storage. So a copy that is stale (an older step, or a
+step whose save was dropped and redone), partial (a worker killed while staging: no header),
+foreign (another run, rank or world size, or not this run's key), damaged or forged is never
+loaded. The extra file is read with ``torch.load(weights_only=True)``: the state's tensors are
+replaced in it by empty placeholder tensors, matched to the data file's tensors in the order
+``_leaves`` walks the state (``plain``).
+
+Without a run key (a worker not started by ``nvtrain run``), or when the folder is not private
+(this user's, mode 0700, not a link: ``private.check_private_dir``), no copy is kept in files:
+``usable`` says why, and the checkpointer keeps its copy in the process only.
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ import atexit
 import contextlib
 import dataclasses
 import hashlib
-import itertools
+import hmac
 import json
 import mmap
 import os
@@ -36,20 +47,51 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import blake3
 import torch
 
-__all__ = ["ENV", "HostCopy", "Unsupported", "host_copy", "in_background"]
+from nvtrain.private import RUN_KEY_ENV, NotPrivate, check_private_dir, run_key
+from nvtrain.worker.plain import check_plain, load_plain
+
+__all__ = ["ENV", "HostCopy", "Unsupported", "host_copy", "in_background", "usable"]
 
 ENV = "NVTRAIN_HOST_COPY_DIR"
 """The folder ``nvtrain run`` keeps for this pod's host copies (unset: copies live in the
 process only)."""
 
-FORMAT = 2
-"""Version of the slot files (2: hashes made of the 64 MiB pieces' hashes)."""
+FORMAT = 3
+"""Version of the slot files (2: hashes made of the 64 MiB pieces' xxh3 hashes; 3: keyed BLAKE3
+hashes, a MAC over the header, an extra file of plain data only)."""
 _ALIGN = 64
 _SLOTS = 2
-_HASH_CHUNK = 64 << 20
-_HASH_THREADS = 8
+_HEADER_FIELDS = ("format", "run_id", "rank", "world", "step", "token", "layout", "bytes")
+"""The fields a copy is checked by (``find``); a re-sealed peer copy keeps them as they came."""
+
+
+def usable(folder: Path) -> tuple[bytes | None, str]:
+    """The run's key for host copies in ``folder``, or (None, why no copy is kept there)."""
+    try:
+        key = run_key()
+    except (NotPrivate, OSError) as exc:
+        return None, f"the run key ${RUN_KEY_ENV} names cannot be used: {exc}"
+    if key is None:
+        return None, (
+            f"${RUN_KEY_ENV} is not set (the worker was not started by nvtrain run), so a copy there "
+            "could not be told from a forged one"
+        )
+    problem = check_private_dir(folder)
+    if problem is not None:
+        return None, f"the folder {problem} (it must be this user's, mode 0700, not a link)"
+    return key, ""
+
+
+def _keys(key: bytes) -> tuple[bytes, bytes]:
+    """The keys of the data/extra hashes and of the header's MAC, derived from the run's key."""
+    derive = blake3.blake3
+    return (
+        derive(key, derive_key_context="nvtrain host copy 2026-12 data hash").digest(),
+        derive(key, derive_key_context="nvtrain host copy 2026-12 header mac").digest(),
+    )
 
 
 class Unsupported(ValueError):
@@ -109,15 +151,6 @@ class Layout:
         return Layout(tuple(leaves), offset, digest)
 
 
-class _Ref:
-    """Stands for tensor ``index`` of a slot in the pickled rest of a state."""
-
-    __slots__ = ("index",)
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-
 def _map(state: Any, leaf: Callable[[Any], Any]) -> Any:
     """``state`` with every leaf (anything but a dict, list or tuple) replaced by ``leaf(it)``,
     in the order ``_leaves`` walks it."""
@@ -130,27 +163,74 @@ def _map(state: Any, leaf: Callable[[Any], Any]) -> Any:
     return leaf(state)
 
 
+_PLACEHOLDER = torch.empty(0, dtype=torch.uint8)
+"""Where a tensor was in the extra file's skeleton (every tensor there is one: the state's own
+tensors are in the data file, matched to the placeholders in the order ``_leaves`` walks)."""
+
+
 def _skeleton(state: Any) -> Any:
-    """``state`` with its tensors replaced by ``_Ref``s, numbered in order: the rest of it."""
-    count = itertools.count()
-    return _map(state, lambda x: _Ref(next(count)) if isinstance(x, torch.Tensor) else x)
+    """``state`` with its tensors replaced by the placeholder: the rest of it, plain data."""
+    return _map(state, lambda x: _PLACEHOLDER if isinstance(x, torch.Tensor) else x)
 
 
-def _hash(data: memoryview | bytes) -> str:
-    """xxh3 of the xxh3 digests of ``data``'s 64 MiB pieces, hashed in parallel (xxhash lets go
-    of the GIL): the check of a 4 GB copy before a restore takes a fraction of one thread's time."""
-    import concurrent.futures
+def _hash(data: memoryview | bytes, key: bytes) -> str:
+    """Keyed BLAKE3 of ``data`` with the data key of ``_keys``, on as many threads as there are
+    cores (blake3 lets go of the GIL)."""
+    return blake3.blake3(data, key=key, max_threads=blake3.blake3.AUTO).hexdigest()
 
-    import xxhash
 
-    view = memoryview(data)
-    pieces = [view[start : start + _HASH_CHUNK] for start in range(0, len(view), _HASH_CHUNK)]
-    if len(pieces) > 1:
-        with concurrent.futures.ThreadPoolExecutor(min(len(pieces), _HASH_THREADS)) as pool:
-            digests = list(pool.map(lambda piece: xxhash.xxh3_64_digest(piece), pieces))
-    else:
-        digests = [xxhash.xxh3_64_digest(piece) for piece in pieces]
-    return xxhash.xxh3_64_hexdigest(b"".join(digests))
+def _mac(fields: dict[str, Any], key: bytes) -> str:
+    """Keyed BLAKE3 (the MAC key of ``_keys``) over the canonical JSON of ``fields``, but "mac"."""
+    text = json.dumps({k: v for k, v in fields.items() if k != "mac"}, sort_keys=True, separators=(",", ":"))
+    return blake3.blake3(text.encode(), key=key).hexdigest()
+
+
+def _sealed_header(fields: dict[str, Any], data: memoryview, extra: bytes, key: bytes) -> bytes:
+    """The header of a copy: ``fields`` (``_HEADER_FIELDS``), the keyed hashes of ``data`` and
+    ``extra``, and the MAC over them all."""
+    data_key, mac_key = _keys(key)
+    header = {k: fields[k] for k in _HEADER_FIELDS}
+    header["data_hash"] = _hash(data, data_key)
+    header["extra_hash"] = _hash(extra, data_key)
+    header["mac"] = _mac(header, mac_key)
+    return json.dumps(header, sort_keys=True).encode()
+
+
+def verify_mac(header: dict[str, Any], key: bytes) -> bool:
+    """Whether ``header``'s MAC is the one this run's ``key`` makes."""
+    mac = header.get("mac")
+    return isinstance(mac, str) and hmac.compare_digest(mac, _mac(header, _keys(key)[1]))
+
+
+def check_hashes(slot: _Slot, header: dict[str, Any], nbytes: int, key: bytes) -> str:
+    """Why the first ``nbytes`` of ``slot``'s mapped data, or its extra file, do not match the
+    keyed hashes in ``header``; "" when they do (``slot.verified`` is then ``header``)."""
+    assert slot.map is not None
+    data_key = _keys(key)[0]
+    try:
+        data = _hash(memoryview(slot.map)[:nbytes], data_key)
+        if not hmac.compare_digest(data, str(header.get("data_hash"))):
+            return "the data does not match its hash"
+        extra = _hash(slot.extra.read_bytes(), data_key)
+        if not hmac.compare_digest(extra, str(header.get("extra_hash"))):
+            return "the extra state does not match its hash"
+    except OSError as exc:
+        return f"cannot read it: {exc}"
+    slot.verified = header
+    return ""
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` at mode 0600, never through a link (a leftover is removed)."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
 
 class _Slot:
@@ -169,6 +249,8 @@ class _Slot:
         """Bumped each time the slot is restaged: a background seal of an older staging is
         dropped."""
         self.skeleton: Any = None
+        self.verified: dict[str, Any] | None = None
+        """The header ``find`` verified (``load`` checks the extra it reads against it)."""
         self.step: int | None = None
         """The step sealed in this slot by this process (None: none, or being restaged)."""
 
@@ -184,7 +266,7 @@ class _Slot:
         if self.map is not None and len(self.map) == size:
             return
         self.close()
-        fd = os.open(self.data, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(self.data, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             if os.fstat(fd).st_size != size:
                 with contextlib.suppress(OSError):
@@ -235,19 +317,38 @@ class _Slot:
             self.header.unlink()
 
     def write_rest(self, extra: bytes, header: bytes) -> None:
-        """Put the extra state, then the header, in place (each renamed in whole)."""
+        """Put the extra state, then the header, in place (each renamed in whole; 0600)."""
         for path, data in ((self.extra, extra), (self.header, header)):
             tmp = path.with_name(path.name + ".tmp")
-            tmp.write_bytes(data)
+            _write_private(tmp, data)
             os.replace(tmp, path)
+
+    def reseal(self, header: bytes, extra: bytes, key: bytes) -> bool:
+        """This slot's data was received from a peer with ``header`` (sealed with the sender's
+        node's key) and ``extra``: seal it with this node's ``key`` (the fields as they came,
+        hashes of what is here) and put it in place. False when ``header`` is no copy's."""
+        try:
+            fields = json.loads(header)
+            nbytes = int(fields["bytes"])
+        except (ValueError, KeyError, TypeError):
+            return False
+        if (
+            self.map is None
+            or not all(k in fields for k in _HEADER_FIELDS)
+            or not 0 <= nbytes <= len(self.map)
+        ):
+            return False
+        self.write_rest(extra, _sealed_header(fields, memoryview(self.map)[:nbytes], extra, key))
+        return True
 
 
 class HostCopy:
     """This rank's two slots in ``folder``. Also the ``AsyncStager`` of its async saves: the
     staged state handed to torch's writer is made of views into the slot's mapped file."""
 
-    def __init__(self, folder: Path, *, run_id: str, rank: int, world: int) -> None:
+    def __init__(self, folder: Path, *, run_id: str, rank: int, world: int, key: bytes) -> None:
         self.folder = folder
+        self.key = key
         self.run_id = run_id
         self.rank = rank
         self.world = world
@@ -349,10 +450,11 @@ class HostCopy:
         assert slot.map is not None and self.layout is not None
         import io
 
+        check_plain("(the model and optimizer state)", slot.skeleton)  # what load_plain reads back
         buffer = io.BytesIO()
         torch.save({"skeleton": slot.skeleton, "extra": extra}, buffer)
         rest = buffer.getvalue()
-        header = {
+        fields = {
             "format": FORMAT,
             "run_id": self.run_id,
             "rank": self.rank,
@@ -361,13 +463,12 @@ class HostCopy:
             "token": token,
             "layout": self.layout.digest,
             "bytes": self.layout.nbytes,
-            "data_hash": _hash(memoryview(slot.map)[: self.layout.nbytes]),
-            "extra_hash": _hash(rest),
         }
+        header = _sealed_header(fields, memoryview(slot.map)[: self.layout.nbytes], rest, self.key)
         with self.lock:
             if slot.generation != generation:
                 return
-            slot.write_rest(rest, json.dumps(header, sort_keys=True).encode())
+            slot.write_rest(rest, header)
             slot.step = step
 
     def sealed(self, slot: _Slot, generation: int, *, step: int, token: str) -> tuple[bytes, bytes] | None:
@@ -386,6 +487,10 @@ class HostCopy:
             fields = json.loads(header)
         except ValueError:
             return None
+        if not isinstance(fields, dict) or not verify_mac(fields, self.key):
+            return None
+        if _hash(extra, _keys(self.key)[0]) != fields.get("extra_hash"):
+            return None
         return (header, extra) if fields.get("token") == token and fields.get("step") == step else None
 
     def receiving_slot(self, layout: Layout) -> _Slot:
@@ -400,11 +505,12 @@ class HostCopy:
             slot.open(layout)
         return slot
 
-    def adopt(self, slot: _Slot, header: bytes, extra: bytes) -> None:
-        """``slot``'s data was received: put the received extra state and header in place;
-        ``find`` then checks it like any copy of this rank's."""
+    def adopt(self, slot: _Slot, header: bytes, extra: bytes) -> bool:
+        """``slot``'s data was received from the peer that kept it (which checked it with its
+        node's key before sending): seal it with this node's key (``_Slot.reseal``); ``find``
+        then checks its fields like any copy of this rank's. False when ``header`` is none."""
         with self.lock:
-            slot.write_rest(extra, header)
+            return slot.reseal(header, extra, self.key)
 
     def forget(self, step: int) -> None:
         """A save of ``step`` was dropped: its copy must never pass for a later commit of it."""
@@ -451,6 +557,9 @@ class HostCopy:
             if wrong:
                 problems.append(f"slot {slot.index}: {wrong[0]}")
                 continue
+            if not verify_mac(header, self.key):
+                problems.append(f"slot {slot.index}: its header's MAC does not verify (not this run's copy)")
+                continue
             problem = self._check(slot, layout, header)
             if problem:
                 problems.append(f"slot {slot.index}: {problem}")
@@ -464,34 +573,38 @@ class HostCopy:
                 if self.layout != layout:
                     self.layout = layout
                 slot.open(layout)
-            assert slot.map is not None
-            if _hash(memoryview(slot.map)[: layout.nbytes]) != header.get("data_hash"):
-                return "the data does not match its hash"
-            if _hash(slot.extra.read_bytes()) != header.get("extra_hash"):
-                return "the extra state does not match its hash"
         except OSError as exc:
             return f"cannot read it: {exc}"
-        return ""
+        return check_hashes(slot, header, layout.nbytes, self.key)
 
     def load(self, slot: _Slot, live: Any) -> tuple[Any, dict[str, Any]]:
         """Copy ``slot`` into ``live``'s tensors; returns the state to apply (``live``'s tensors
         within the saved structure) and the extra state."""
-        rest = torch.load(slot.extra, weights_only=False)
+        verified = slot.verified
+        assert verified is not None, "load() of a slot that find() did not return"
+        data = slot.extra.read_bytes()  # checked again: what is parsed is what was verified
+        if not hmac.compare_digest(_hash(data, _keys(self.key)[0]), str(verified.get("extra_hash"))):
+            raise ValueError("the extra state changed since it was checked")
+        rest = load_plain(data)
         cuda = torch.cuda.is_available()
-        locals_ = [_local(t) for _, t in _leaves(live)]
-        tensors = list(_leaves(live))
+        tensors = [t for _, t in _leaves(live)]
+        placeholders = sum(1 for _ in _leaves(rest["skeleton"]))
+        if placeholders != len(tensors) or len(slot.views) != len(tensors):
+            raise ValueError(f"the copy has {placeholders} tensors, the live state {len(tensors)}")
+        index = iter(range(len(tensors)))
 
         def fill(value: Any) -> Any:
-            if not isinstance(value, _Ref):
+            if not isinstance(value, torch.Tensor):
                 return value
-            locals_[value.index].copy_(slot.views[value.index], non_blocking=cuda)
-            return tensors[value.index][1]
+            i = next(index)
+            _local(tensors[i]).copy_(slot.views[i], non_blocking=cuda)
+            return tensors[i]
 
         state = _map(rest["skeleton"], fill)
         if cuda:
             torch.cuda.synchronize()
         with self.lock:
-            slot.step = int(json.loads(slot.header.read_text(encoding="utf-8"))["step"])
+            slot.step = int(verified["step"])
         return state, rest["extra"]
 
 
@@ -513,14 +626,14 @@ def in_background(work: Any, *args: Any, name: str) -> threading.Event:
     return done
 
 
-_COPIES: dict[tuple[str, str, int, int], HostCopy] = {}
-"""Per (folder, run id, rank, world size): a process keeps its slots mapped (and pinned) across
-in-process restarts."""
+_COPIES: dict[tuple[str, str, int, int, bytes], HostCopy] = {}
+"""Per (folder, run id, rank, world size, key): a process keeps its slots mapped (and pinned)
+across in-process restarts."""
 
 
-def host_copy(folder: Path, *, run_id: str, rank: int, world: int) -> HostCopy:
-    key = (str(folder), run_id, rank, world)
-    copy = _COPIES.get(key)
+def host_copy(folder: Path, *, run_id: str, rank: int, world: int, key: bytes) -> HostCopy:
+    name = (str(folder), run_id, rank, world, key)
+    copy = _COPIES.get(name)
     if copy is None:
-        copy = _COPIES[key] = HostCopy(folder, run_id=run_id, rank=rank, world=world)
+        copy = _COPIES[name] = HostCopy(folder, run_id=run_id, rank=rank, world=world, key=key)
     return copy

@@ -10,9 +10,14 @@ them (``origin = "peer"``) instead of reading storage.
 
 The copy travels on a gloo group of its own, one exchange at a time, and in the same order on
 every rank: each save's exchange sends a size header first (zero when this rank has no sealed
-copy of that save), so the two ends of a pair always agree on what comes next. A copy is trusted
-only after the rank it belongs to has checked it like its own (run id, rank, world size, step,
-commit token, layout and hashes, ``HostCopy.find``); anything else restores from storage.
+copy of that save), so the two ends of a pair always agree on what comes next. The group is the
+job's own, trusted like its process group. Copies at rest are authenticated with the node's run
+key (``hostcopy``), and each node's launcher has its own: a sender checks the copy it sends (its
+MAC and hashes, with its key), and whoever stores received bytes seals them again with its own
+key (``_Slot.reseal``: the fields as they came, hashes of what arrived). A copy is trusted only
+after the rank it belongs to has checked it like its own (run id, rank, world size, step, commit
+token, layout, MAC and hashes, ``HostCopy.find``); anything else restores from storage. Without
+a key (or a private folder) a rank still takes its part in every exchange, keeping nothing.
 
 Why not NVRx's ``checkpointing.local`` (``CliqueReplicationStrategy``, in NVRx 0.4.1 to 0.7.0)?
 Its replication is an ``all_gather`` inside ``save()``, on the training thread, before the
@@ -39,7 +44,7 @@ import torch.distributed as dist
 
 from nvtrain.events import Event
 from nvtrain.events.records import CheckpointReplicated
-from nvtrain.worker.hostcopy import FORMAT, HostCopy, Layout, _Slot
+from nvtrain.worker.hostcopy import FORMAT, HostCopy, Layout, _Slot, check_hashes, verify_mac
 from nvtrain.worker.settings import say
 
 __all__ = ["PeerCopies", "buddy_of", "source_of"]
@@ -114,6 +119,16 @@ def _receive_into(group: Any, src: int, target: torch.Tensor | None, nbytes: int
         dist.recv(piece, src, group=group)
 
 
+def _problem_in(header: bytes) -> str:
+    """The ``problem`` a sender put in place of a copy's header (its check failed), or ""."""
+    try:
+        fields = json.loads(header)
+    except ValueError:
+        return ""
+    problem = fields.get("problem") if isinstance(fields, dict) else None
+    return str(problem) if problem else ""
+
+
 # -- one rank's side ---------------------------------------------------------------------------
 class PeerCopies:
     """This rank's end of the peer copies: sends its copy to ``buddy`` after each save, keeps
@@ -123,6 +138,7 @@ class PeerCopies:
         self,
         folder: Path,
         *,
+        key: bytes | None,
         run_id: str,
         rank: int,
         world: int,
@@ -131,6 +147,8 @@ class PeerCopies:
         emit: Callable[[Event], None],
     ) -> None:
         self.folder = folder
+        self.key = key
+        """This node's run key; None: keep no copy (no key, or no private folder)."""
         self.run_id = run_id
         self.rank = rank
         self.world = world
@@ -240,18 +258,19 @@ class PeerCopies:
             return 0
         header = _receive_bytes(self.group, source, header_size)
         extra = _receive_bytes(self.group, source, extra_size)
-        self.kept.drop_header()  # (while the data is rewritten, it is no copy)
         target = None
-        try:
-            self.kept.open_bytes(nbytes)
-            target = self.kept.flat
-        except OSError as exc:
-            if not self.no_room:
-                say(f"no room for the peer copy of rank {source} in {self.folder}: {exc}; it is dropped")
-            self.no_room = True
+        if self.key is not None:
+            self.kept.drop_header()  # (while the data is rewritten, it is no copy)
+            try:
+                self.kept.open_bytes(nbytes)
+                target = self.kept.flat
+            except OSError as exc:
+                if not self.no_room:
+                    say(f"no room for the peer copy of rank {source} in {self.folder}: {exc}; it is dropped")
+                self.no_room = True
         _receive_into(self.group, source, target, nbytes)
-        if target is not None and self._belongs(header, source):
-            self.kept.write_rest(extra, header)
+        if target is not None and self.key is not None and self._belongs(header, source):
+            self.kept.reseal(header, extra, self.key)  # sealed with this node's key
         return header_size + extra_size + nbytes
 
     def _belongs(self, header: bytes, source: int) -> bool:
@@ -268,7 +287,7 @@ class PeerCopies:
     def holds(self, *, step: int, token: str | None) -> bool:
         """Whether this rank keeps ``source``'s copy of the commit ``token`` of ``step``."""
         header = self.kept.read_header()
-        if header is None or token is None:
+        if header is None or token is None or self.key is None or not verify_mac(header, self.key):
             return False
         wanted = {
             "format": FORMAT,
@@ -299,15 +318,7 @@ class PeerCopies:
         Returns (the slot received into or None, why it could not be used)."""
         pending: _Pending = []
         if self.source in needing:
-            try:
-                header = self.kept.header.read_bytes()
-                extra = self.kept.extra.read_bytes()
-                nbytes = int(json.loads(header)["bytes"])
-                self.kept.open_bytes(nbytes)
-                assert self.kept.flat is not None
-                data: torch.Tensor | None = self.kept.flat[:nbytes]
-            except (OSError, ValueError, KeyError, TypeError):  # gone since ``holds``: send none
-                header, extra, data = b"", b"", None
+            header, extra, data = self._checked_kept()
             pending = _post(self.group, self.source, header, extra, data)
         slot, why = None, ""
         if self.rank in needing:
@@ -318,6 +329,10 @@ class PeerCopies:
             header = _receive_bytes(self.group, self.buddy, header_size)
             extra = _receive_bytes(self.group, self.buddy, extra_size)
             target = None
+            refused = _problem_in(header)
+            if refused:  # the buddy's check of what it kept failed: it sent only why
+                _wait(pending)
+                return None, f"the copy rank {self.buddy} kept: {refused}"
             if host is not None and layout is not None and layout.nbytes == nbytes:
                 with contextlib.suppress(OSError):
                     slot = host.receiving_slot(layout)
@@ -326,7 +341,33 @@ class PeerCopies:
                 slot = None
                 why = f"the copy from rank {self.buddy} does not fit this rank's state or folder"
             _receive_into(self.group, self.buddy, target, nbytes)
-            if slot is not None and host is not None:
-                host.adopt(slot, header, extra)
+            if slot is not None and host is not None and not host.adopt(slot, header, extra):
+                slot, why = None, f"the copy from rank {self.buddy} has no usable header"
         _wait(pending)
         return slot, why
+
+    def _checked_kept(self) -> tuple[bytes, bytes, torch.Tensor | None]:
+        """(header, extra, data) of the kept copy to send back, once its MAC and hashes verify
+        with this node's key; when they do not, only a header saying why (no extra, no data);
+        nothing at all when the copy is gone since ``holds``."""
+        if self.key is None:  # (``holds`` was false here: the plan sends no rank this way)
+            return b"", b"", None
+        try:
+            header = self.kept.header.read_bytes()
+            fields = json.loads(header)
+            nbytes = int(fields["bytes"])
+            self.kept.open_bytes(nbytes)
+            assert self.kept.flat is not None
+        except (OSError, ValueError, KeyError, TypeError):
+            return b"", b"", None
+        if not verify_mac(fields, self.key):
+            problem = "its header's MAC does not verify (not this run's copy)"
+        else:
+            problem = check_hashes(self.kept, fields, nbytes, self.key)
+        if problem:
+            return json.dumps({"problem": problem}).encode(), b"", torch.empty(0, dtype=torch.uint8)
+        try:
+            extra = self.kept.extra.read_bytes()
+        except OSError:
+            return b"", b"", None
+        return header, extra, self.kept.flat[:nbytes]
