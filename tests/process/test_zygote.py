@@ -21,13 +21,20 @@ from pathlib import Path
 import psutil
 import pytest
 from proc_helpers import BIN
+from zygote_helpers import (
+    SERVER_READY,
+    client_env,
+    ready_line,
+    start_client,
+    start_server,
+    stop_server,
+    wait_bound,
+    wait_request_sent,
+)
 
 from nvtrain.zygote.wire import Reader, send
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-SERVER_READY = 180.0
-"""Seconds for the server to import torch and bind its socket on a loaded 2-core machine."""
 
 GATE = textwrap.dedent(
     """
@@ -78,57 +85,6 @@ def _write_script(folder: Path, prefix: str = "") -> Path:
     return script
 
 
-def _env(socket_path: Path | None) -> dict[str, str]:
-    env = {**os.environ, "ZYGOTE_TEST": "value-42", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    env.pop("NVTRAIN_ZYGOTE", None)
-    if socket_path is not None:
-        env["NVTRAIN_ZYGOTE"] = str(socket_path)
-    return env
-
-
-def _start_server(
-    tmp_path: Path, script: Path, name: str = "zygote.sock", gate: Path | None = None
-) -> tuple[subprocess.Popen[bytes], Path]:
-    socket_path = tmp_path / name
-    log = (tmp_path / f"{name}.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "nvtrain.zygote.server",
-            "--socket",
-            str(socket_path),
-            "--script",
-            str(script),
-        ],
-        # torch in the server uses every core; each worker takes its client's OMP_NUM_THREADS
-        env={
-            **{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"},
-            **({"ZYGOTE_GATE": str(gate)} if gate is not None else {}),
-        },
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    log.close()
-    return proc, socket_path
-
-
-def _wait_bound(proc: subprocess.Popen[bytes], socket_path: Path, log: Path) -> None:
-    """Until the server's socket exists (it binds it before its imports)."""
-    deadline = time.monotonic() + SERVER_READY
-    while not socket_path.exists():
-        assert proc.poll() is None, f"server exited {proc.returncode}: {log.read_text()}"
-        assert time.monotonic() < deadline, f"no socket after {SERVER_READY}s: {log.read_text()}"
-        time.sleep(0.02)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
 @dataclasses.dataclass
 class Early:
     """Two clients that came while the server was still importing (its gate closed)."""
@@ -148,37 +104,23 @@ class Served:
     early: Early
 
 
-def _wait_request_sent(client: subprocess.Popen[str]) -> None:
-    """Until the client catches SIGTERM: it installs its handlers just before it sends its
-    request (a signal from then on is held, or ends the wait, or reaches the worker)."""
-    bit = 1 << (signal.SIGTERM - 1)
-    status = Path(f"/proc/{client.pid}/status")
-    deadline = time.monotonic() + SERVER_READY
-    while True:
-        caught = next(line for line in status.read_text().splitlines() if line.startswith("SigCgt:"))
-        if int(caught.split()[1], 16) & bit:
-            return
-        assert client.poll() is None and time.monotonic() < deadline, "the client never sent its request"
-        time.sleep(0.01)
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """A server that is serving, and the clients that came during its imports."""
     tmp = tmp_path_factory.mktemp("zygote")
     script = _write_script(tmp)
     gate = tmp / "gate"
-    proc, socket_path = _start_server(tmp, script, gate=gate)
+    proc, socket_path = start_server(tmp, script, gate=gate)
     try:
-        _wait_bound(proc, socket_path, tmp / "zygote.sock.log")
+        wait_bound(proc, socket_path, tmp / "zygote.sock.log")
         with (
-            _client(script, "exit", "4", socket_path=socket_path, cwd=tmp) as waiting,
-            _client(script, "wait", socket_path=socket_path, cwd=tmp) as stopped,
+            start_client(script, "exit", "4", socket_path=socket_path, cwd=tmp) as waiting,
+            start_client(script, "wait", socket_path=socket_path, cwd=tmp) as stopped,
         ):
             # The gate is closed: the server cannot be serving. A client catches SIGTERM from
             # just before it sends its request (sent, it is queued); SIGTERM ends one that has
             # no worker yet at once, as it would end a cold one importing torch.
-            _wait_request_sent(stopped)
+            wait_request_sent(stopped)
             stopped.send_signal(signal.SIGTERM)
             stopped.wait(timeout=60)  # its output's end is in the server's queue still
             assert waiting.poll() is None, "a client did not wait for the server's imports"
@@ -190,7 +132,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         early = Early((waiting.returncode, out + err), stopped.returncode, stopped_out + stopped_err)
         yield Served(socket_path, script, proc.pid, early)
     finally:
-        _stop(proc)
+        stop_server(proc)
 
 
 @pytest.fixture
@@ -212,40 +154,18 @@ def test_a_client_stopped_before_its_worker_exists_dies_of_the_signal_and_gets_n
     assert served.early.stopped_output == ""
     # The server took the dead client's request from its queue before this one's, and has no
     # worker for it.
-    with _client(served.script, "exit", "0", socket_path=served.socket, cwd=tmp_path) as proc:
+    with start_client(served.script, "exit", "0", socket_path=served.socket, cwd=tmp_path) as proc:
         out, _ = proc.communicate(timeout=120)
     assert "warm=True" in out
     leftover = [child.cmdline() for child in psutil.Process(served.pid).children()]
     assert leftover == [], leftover
 
 
-def _client(
-    script: Path, *args: str, socket_path: Path | None, cwd: Path, **kw: object
-) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "nvtrain.zygote.client", str(script), *args],
-        env=_env(socket_path),
-        cwd=cwd,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        **kw,  # type: ignore[call-overload]
-    )
-
-
-def _ready(proc: subprocess.Popen[str]) -> str:
-    """The worker's "ready" line (it has installed its SIGTERM handler)."""
-    assert proc.stdout is not None
-    while "ready" not in (line := proc.stdout.readline()):
-        assert line, "the worker ended before it was ready"
-    return line
-
-
 def test_a_forked_worker_gets_argv_env_cwd_output_and_exit_code(
     server: tuple[Path, Path], tmp_path: Path
 ) -> None:
     socket_path, script = server
-    with _client(script, "exit", "7", socket_path=socket_path, cwd=tmp_path) as proc:
+    with start_client(script, "exit", "7", socket_path=socket_path, cwd=tmp_path) as proc:
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == 7, (out, err)
     assert f"warm=True argv=['exit', '7'] cwd={tmp_path} env=value-42" in out
@@ -261,7 +181,9 @@ def test_a_forked_worker_ends_as_a_cold_one_does(
     # freed at exit, a non-daemon thread waited for, a file left open flushed.
     socket_path, _ = server
     out = tmp_path / mode
-    with _client(BIN / "ending_worker.py", mode, str(out), socket_path=socket_path, cwd=tmp_path) as proc:
+    with start_client(
+        BIN / "ending_worker.py", mode, str(out), socket_path=socket_path, cwd=tmp_path
+    ) as proc:
         stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0, (stdout, stderr)
     assert "ENDING DONE" in stdout
@@ -270,14 +192,14 @@ def test_a_forked_worker_ends_as_a_cold_one_does(
 
 def test_stdin_is_the_clients(server: tuple[Path, Path], tmp_path: Path) -> None:
     socket_path, script = server
-    with _client(script, "stdin", socket_path=socket_path, cwd=tmp_path, stdin=subprocess.PIPE) as proc:
+    with start_client(script, "stdin", socket_path=socket_path, cwd=tmp_path, stdin=subprocess.PIPE) as proc:
         out, _ = proc.communicate("hello\n", timeout=120)
     assert proc.returncode == 0 and "read:hello" in out
 
 
 def test_an_uncaught_exception_exits_1_with_its_traceback(server: tuple[Path, Path], tmp_path: Path) -> None:
     socket_path, script = server
-    with _client(script, "raise", socket_path=socket_path, cwd=tmp_path) as proc:
+    with start_client(script, "raise", socket_path=socket_path, cwd=tmp_path) as proc:
         _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1
     assert "Traceback" in err and "RuntimeError: boom in the worker" in err
@@ -288,15 +210,15 @@ def test_a_worker_killed_by_a_signal_kills_its_client_with_it(
     server: tuple[Path, Path], tmp_path: Path, signum: int
 ) -> None:
     socket_path, script = server
-    with _client(script, "signal", str(int(signum)), socket_path=socket_path, cwd=tmp_path) as proc:
+    with start_client(script, "signal", str(int(signum)), socket_path=socket_path, cwd=tmp_path) as proc:
         proc.communicate(timeout=120)
     assert proc.returncode == -signum
 
 
 def test_sigterm_to_the_client_reaches_the_worker(server: tuple[Path, Path], tmp_path: Path) -> None:
     socket_path, script = server
-    with _client(script, "term", socket_path=socket_path, cwd=tmp_path) as proc:
-        _ready(proc)
+    with start_client(script, "term", socket_path=socket_path, cwd=tmp_path) as proc:
+        ready_line(proc)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 143 and f"got signal {int(signal.SIGTERM)}" in out
@@ -328,7 +250,7 @@ def test_a_sigterm_the_client_takes_while_it_has_not_run_since_its_request_reach
     try:
         proc = subprocess.Popen(
             [sys.executable, "-c", _PAUSED_CLIENT, str(script), "term"],
-            env={**_env(socket_path), "PAUSE_FD": str(pause)},
+            env={**client_env(socket_path), "PAUSE_FD": str(pause)},
             pass_fds=(pause,),
             cwd=tmp_path,
             text=True,
@@ -339,7 +261,7 @@ def test_a_sigterm_the_client_takes_while_it_has_not_run_since_its_request_reach
         pause = -1
         with proc:
             try:
-                _ready(proc)  # the worker runs while its client is paused after the request
+                ready_line(proc)  # the worker runs while its client is paused after the request
                 proc.send_signal(signal.SIGTERM)
                 with contextlib.suppress(BrokenPipeError):  # a client already dead: the assert says so
                     os.write(resume, b"g")  # the client's death, if it died, came before this
@@ -357,9 +279,9 @@ def test_a_sigterm_the_client_takes_while_it_has_not_run_since_its_request_reach
 def test_a_sigkilled_client_takes_its_worker_with_it_and_the_server_serves_on(
     served: Served, tmp_path: Path
 ) -> None:
-    with _client(served.script, "wait", socket_path=served.socket, cwd=tmp_path) as proc:
+    with start_client(served.script, "wait", socket_path=served.socket, cwd=tmp_path) as proc:
         try:
-            line = _ready(proc)
+            line = ready_line(proc)
             worker = psutil.Process(int(line.split("pid=")[1]))
             assert worker.pid != proc.pid and worker.ppid() != proc.pid  # forked by the server
         finally:
@@ -368,7 +290,7 @@ def test_a_sigkilled_client_takes_its_worker_with_it_and_the_server_serves_on(
     worker.wait(timeout=60)  # raises TimeoutExpired if it outlived its client
     # The server reaped a worker whose client had gone first; it once died of that (a KeyError),
     # and every later worker of the pod started cold.
-    with _client(served.script, "exit", "0", socket_path=served.socket, cwd=tmp_path) as proc:
+    with start_client(served.script, "exit", "0", socket_path=served.socket, cwd=tmp_path) as proc:
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0 and "warm=True" in out, (out, err)
     assert psutil.Process(served.pid).status() != psutil.STATUS_ZOMBIE
@@ -387,7 +309,7 @@ def test_a_signal_that_comes_with_the_workers_pid_reaches_the_worker(tmp_path: P
     listener.settimeout(SERVER_READY)
     stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # "the worker"
     script = _write_script(tmp_path)
-    with listener, _client(script, "wait", socket_path=socket_path, cwd=tmp_path) as client:
+    with listener, start_client(script, "wait", socket_path=socket_path, cwd=tmp_path) as client:
         try:
             conn, _ = listener.accept()
             with conn:
@@ -396,7 +318,7 @@ def test_a_signal_that_comes_with_the_workers_pid_reaches_the_worker(tmp_path: P
                 for fd in reader.fds:
                     os.close(fd)
                 assert request is not None and request["argv"][1:] == ["wait"], request
-                _wait_request_sent(client)
+                wait_request_sent(client)
                 client.send_signal(signal.SIGSTOP)
                 while psutil.Process(client.pid).status() != psutil.STATUS_STOPPED:
                     time.sleep(0.01)
@@ -415,7 +337,7 @@ def test_a_signal_that_comes_with_the_workers_pid_reaches_the_worker(tmp_path: P
 
 def test_without_a_server_the_client_runs_the_script_cold(tmp_path: Path) -> None:
     script = _write_script(tmp_path)
-    with _client(script, "exit", "5", socket_path=tmp_path / "absent.sock", cwd=tmp_path) as proc:
+    with start_client(script, "exit", "5", socket_path=tmp_path / "absent.sock", cwd=tmp_path) as proc:
         out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 5
     assert "warm=False argv=['exit', '5']" in out
@@ -428,9 +350,9 @@ def _queued_client(
     gate)."""
     script = _write_script(tmp_path, prefix)
     gate = tmp_path / "gate"
-    proc, socket_path = _start_server(tmp_path, script, gate=gate)
-    _wait_bound(proc, socket_path, tmp_path / "zygote.sock.log")
-    return proc, _client(script, *args, socket_path=socket_path, cwd=tmp_path), gate
+    proc, socket_path = start_server(tmp_path, script, gate=gate)
+    wait_bound(proc, socket_path, tmp_path / "zygote.sock.log")
+    return proc, start_client(script, *args, socket_path=socket_path, cwd=tmp_path), gate
 
 
 def test_a_server_whose_imports_start_a_thread_refuses_and_waiting_clients_start_cold(
@@ -442,7 +364,7 @@ def test_a_server_whose_imports_start_a_thread_refuses_and_waiting_clients_start
     proc, client, gate = _queued_client(tmp_path, "import threaded_helper\n")
     log = tmp_path / "zygote.sock.log"
     try:
-        _wait_request_sent(client)  # queued before the server refused
+        wait_request_sent(client)  # queued before the server refused
         gate.touch()
         with client:
             out, _ = client.communicate(timeout=120)
@@ -450,7 +372,7 @@ def test_a_server_whose_imports_start_a_thread_refuses_and_waiting_clients_start
         assert "warm start: off" in log.read_text() and "started threads" in log.read_text()
         assert not (tmp_path / "zygote.sock").exists()
     finally:
-        _stop(proc)
+        stop_server(proc)
 
 
 def test_a_server_killed_during_its_imports_leaves_its_waiting_clients_to_start_cold(
@@ -458,14 +380,14 @@ def test_a_server_killed_during_its_imports_leaves_its_waiting_clients_to_start_
 ) -> None:
     proc, client, _gate = _queued_client(tmp_path, args=("wait",))
     try:
-        _wait_request_sent(client)  # queued: it connected before the server died
+        wait_request_sent(client)  # queued: it connected before the server died
         proc.kill()  # the gate stays closed: the server dies in its imports
         with client:
-            line = _ready(client)  # the script runs in the client itself
+            line = ready_line(client)  # the script runs in the client itself
             assert int(line.split("pid=")[1]) == client.pid, line
             # ... with a new interpreter's signal handling: SIGINT raises KeyboardInterrupt
             client.send_signal(signal.SIGINT)
             out, err = client.communicate(timeout=120)
         assert "KeyboardInterrupt" in err, (out, err)
     finally:
-        _stop(proc)
+        stop_server(proc)

@@ -7,17 +7,28 @@ request in its socket's queue: the client waits for it (at most ``WAIT`` seconds
 cold if the server refuses, dies or does not answer in time. A signal that comes before the
 worker exists ends the client, as it would end a cold worker that is still importing; the server
 tells the client the worker's pid before the worker runs anything, so once the worker has
-printed a line, every signal reaches it. Imports the standard library only: it starts in a few
-tens of milliseconds.
+printed a line, every signal reaches it (through a pidfd: never a process that took the pid of
+a worker already reaped).
+
+Once the worker runs, the client watches the connection, the worker's pidfd and the server's
+(its pid from ``SO_PEERCRED``). It ends with the server's word on the worker's end; when the
+server is gone, with the status the worker wrote itself as it ended; and when the worker ended
+without a word (killed outright) and no server is left to say how, with exit code 1 and one
+line on stderr. The server's death alone ends nothing: the worker runs on. Imports the
+standard library only: it starts in a few tens of milliseconds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import signal
 import socket
+import struct
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from nvtrain.entry import Target, finish, parse, run
@@ -105,13 +116,15 @@ def main(argv: list[str] | None = None) -> NoReturn:
     # Signals that arrive before the worker's pid is known wait here (``_wait_started``).
     pending: list[int] = []
     pid: list[int] = []
+    pidfd: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
         if pid:
-            try:
-                os.kill(pid[0], signum)
-            except ProcessLookupError:
-                pass
+            with contextlib.suppress(OSError):  # it ended meanwhile
+                if pidfd:  # never a process that took a reaped worker's pid
+                    signal.pidfd_send_signal(pidfd[0], signum)
+                else:
+                    os.kill(pid[0], signum)
         else:
             pending.append(signum)
 
@@ -148,19 +161,109 @@ def main(argv: list[str] | None = None) -> NoReturn:
             _die_like({"signal": ending})
         _cold(target)
     pid.append(int(started["pid"]))
+    worker = _pidfd(pid[0])
+    if worker is not None:
+        pidfd.append(worker)
     for held in pending:
         forward(held, None)
+    _stand_in(reader, pid[0], worker, _server_pid(sock))
+
+
+def _pidfd(pid: int) -> int | None:
+    """A pidfd of ``pid`` (readable once it has ended), or None when it is gone already."""
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
+
+
+def _server_pid(sock: socket.socket) -> int:
+    """The pid of the process that listens on the socket's other end (0: not in this pid
+    namespace)."""
+    cred = struct.Struct("3i")
+    server, _uid, _gid = cred.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, cred.size))
+    return int(server)
+
+
+def _stand_in(reader: Reader, pid: int, worker: int | None, server_pid: int) -> NoReturn:
+    """Wait for the worker's end and take its status: the server's word (sent once it reaped
+    the worker), else, with the server gone, the worker's own (``{"from": "worker"}``, written
+    just before it exits). The worker keeps the server's end of the connection too: the server's
+    death does not end it."""
+    sock = reader.sock
+    sock.setblocking(False)
+    server = _pidfd(server_pid) if server_pid > 0 else None
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    for fd in (worker, server):
+        if fd is not None:
+            poller.register(fd, select.POLLIN)
+    ended = worker is None
+    # A server in another pid namespace (pid 0) is known to be gone only at the connection's end.
+    server_gone = server_pid > 0 and server is None
+    closed = False
+    own: dict[str, Any] | None = None
     while True:
-        status = reader.read()  # a forwarded signal does not interrupt it (PEP 475)
-        if status is None:  # the server died: its worker must not outlive us
-            try:
-                os.kill(pid[0], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            print(f"nvtrain warm start: the server went away; worker {pid[0]} killed", file=sys.stderr)
-            os._exit(1)
-        if "exit" in status or "signal" in status:
-            _die_like(status)
+        if ended and server_gone and not closed:
+            closed = not _drain(reader)  # nobody writes any more: all that was written is here
+        for message in _messages(reader):
+            if message.get("from") == "worker":
+                own = message
+            elif "exit" in message or "signal" in message:
+                _die_like(message)
+        if ended and (server_gone or closed):
+            _without_server(pid, own)
+        if closed:
+            # The server is gone and the worker closed its end: only the worker's exit is left.
+            assert worker is not None
+            select.select([worker], [], [])
+            ended = True
+            continue
+        for fd, _event in poller.poll():
+            if fd == worker:
+                ended = True
+            elif fd == server:
+                server_gone = True
+            elif not _drain(reader):
+                closed = True
+            else:
+                continue
+            poller.unregister(fd)
+
+
+def _drain(reader: Reader) -> bool:
+    """Take what is in the socket now; False at its end (or on more than a message may hold)."""
+    try:
+        while reader.feed():
+            pass
+    except BlockingIOError:
+        return True
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def _messages(reader: Reader) -> Iterator[dict[str, Any]]:
+    """The whole messages in the reader's buffer, lines that are none skipped."""
+    while b"\n" in reader.buffer:
+        with contextlib.suppress(ValueError):
+            message = reader.message()
+            if message is not None:
+                yield message
+
+
+def _without_server(pid: int, own: dict[str, Any] | None) -> NoReturn:
+    """The worker ended and the server will not say how: end as the worker said it would, or,
+    when it said nothing (killed outright), with exit code 1."""
+    if own is None:
+        print(
+            f"nvtrain warm start: the server is gone and worker {pid} ended without a word: killed; exit 1",
+            file=sys.stderr,
+        )
+        os._exit(1)
+    how = f"signal {own['signal']}" if "signal" in own else f"exit code {own.get('exit')}"
+    print(f"nvtrain warm start: the server is gone; worker {pid} ended with {how}", file=sys.stderr)
+    _die_like(own)
 
 
 if __name__ == "__main__":
