@@ -44,6 +44,8 @@ JSON_KEYS = {
     "segments",
     "notes",
     "skipped_lines",
+    "left_out",
+    "warnings",
     "timeline",
 }
 INCIDENT_KEYS = {
@@ -218,10 +220,10 @@ def _write(path: Path, text: str) -> Path:
 
 
 def test_unreadable_log_exits_2(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def denied(path: Path) -> NoReturn:
+    def denied(path: Path, what: str) -> NoReturn:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(nvtrain.runlog.files, "read_events", denied)
+    monkeypatch.setattr(nvtrain.runlog.files, "_numbered_events", denied)
     result = report(str(run_dir))
     assert result.exit_code == 2
     assert "cannot be read (Permission denied)" in result.stderr

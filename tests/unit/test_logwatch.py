@@ -267,6 +267,76 @@ def test_a_workers_line_after_a_launcher_record_stays_the_workers() -> None:
     assert sorter.sort("loss: 1.0\n") == (False, True)  # not indented: not a row
 
 
+# What NVRx 0.4.1's ft_launcher wrote, once per rank, as SIGTERM stopped a job whose workers use
+# NVRx's in-process restart (tests/process/test_run_sigterm.py): asyncio's report of a rank
+# monitor's connection handler that ft_launcher cancelled as it stopped.
+_CALLBACK_AT = "at /root/.pyenv/versions/3.11.7/lib/python3.11/asyncio/streams.py:248"
+_CANCELLED_TASK = "StreamReaderProtocol.connection_made.<locals>.callback(<Task cancell...erver.py:336>>)"
+CANCELLED_CALLBACK = [
+    f"[2026-12-04 20:58:14,951] [ERROR] [ft_launcher7137@vm] Exception in callback {_CANCELLED_TASK} "
+    f"{_CALLBACK_AT}\n",
+    f"handle: <Handle {_CANCELLED_TASK} {_CALLBACK_AT}>\n",
+    "Traceback (most recent call last):\n",
+    '  File "/root/.pyenv/versions/3.11.7/lib/python3.11/asyncio/events.py", line 80, in _run\n',
+    "    self._context.run(self._callback, *self._args)\n",
+    '  File "/root/.pyenv/versions/3.11.7/lib/python3.11/asyncio/streams.py", line 249, in callback\n',
+    "    exc = task.exception()\n",
+    "          ^^^^^^^^^^^^^^^^\n",
+    '  File "/venv/lib/python3.11/site-packages/nvidia_resiliency_ext/fault_tolerance/utils.py", line '
+    "127, in read_obj_from_ipc_stream\n",
+    "    obj_size_as_bytes = await stream.readexactly(4)\n",
+    "                        ^^^^^^^^^^^^^^^^^^^^^^^^^^^\n",
+    "asyncio.exceptions.CancelledError\n",
+]
+
+
+def test_a_cancelled_rank_monitor_connection_is_not_shown() -> None:
+    sorter = LogSorter()
+    lines = CANCELLED_CALLBACK * 2 + ["WORKER HEARTBEAT rank=0 step=3\n"]
+    # the record and its whole traceback are the launcher's (its log keeps them), none is shown
+    assert [sorter.sort(line) for line in lines] == [(True, False)] * 24 + [(False, True)]
+
+
+def test_a_launcher_error_shows_its_traceback_and_the_exceptions_chained_to_it() -> None:
+    sorter = LogSorter()
+    lines = [
+        "[2026-12-04 20:58:14,951] [ERROR] [ft_launcher7137@vm] Unexpected error in the agent\n",
+        "Traceback (most recent call last):\n",
+        '  File "/venv/lib/python3.11/site-packages/torch/distributed/run.py", line 8, in run\n',
+        "    agent.run()\n",
+        "KeyError: 'x'\n",
+        "\n",
+        "During handling of the above exception, another exception occurred:\n",
+        "\n",
+        "Traceback (most recent call last):\n",
+        '  File "/venv/lib/python3.11/site-packages/torch/distributed/run.py", line 9, in run\n',
+        "RuntimeError: the store went away\n",
+    ]
+    assert [sorter.sort(line) for line in lines] == [(True, True)] * len(lines)
+    # what follows the exception's line is a worker's again, shown: a traceback of its own
+    # (not after a record) and its exception too
+    after = ["WORKER START rank=1\n", "Traceback (most recent call last):\n", "ValueError: x\n"]
+    assert [sorter.sort(line) for line in after] == [(False, True)] * 3
+
+
+def test_a_cancelled_task_is_hidden_only_in_asyncios_callback_report() -> None:
+    sorter = LogSorter()
+    # an INFO record followed by a traceback: the launcher's, hidden like the record
+    info = "[2026-12-04 20:58:14,951] [INFO] [ft_launcher1@vm] Retrying <Task cancelled>\n"
+    assert sorter.sort(info) == (True, False)
+    assert sorter.sort("Traceback (most recent call last):\n") == (True, False)
+    # asyncio's report of a callback whose task failed (not cancelled) is an error: shown
+    failed = CANCELLED_CALLBACK[0].replace("<Task cancell...", "<Task finishe...")
+    assert sorter.sort(failed) == (True, True)
+    assert sorter.sort(CANCELLED_CALLBACK[1].replace("<Task cancell...", "<Task finishe...")) == (True, True)
+    assert sorter.sort("Traceback (most recent call last):\n") == (True, True)
+    # a traceback's line that does not come right after a record is not the launcher's
+    sorter = LogSorter()
+    assert sorter.sort(CANCELLED_CALLBACK[0]) == (True, False)
+    assert sorter.sort("WORKER START rank=1\n") == (False, True)
+    assert sorter.sort("Traceback (most recent call last):\n") == (False, True)
+
+
 @pytest.mark.parametrize(
     ("line", "raised"),
     [

@@ -7,6 +7,7 @@ prints plain lines and never loads it, which keeps the command's start-up short.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -42,11 +43,29 @@ out: Any = _LazyConsole(highlight=False, soft_wrap=False)
 err: Any = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
 
 
+# C0 controls but tab and newline, DEL and C1 controls (ESC starts the terminal's escape
+# sequences, and 0x9b alone is CSI in 8-bit mode); with ``lines=False`` tab and newline too.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROLS_AND_LINES = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def visible(text: str, *, lines: bool = True) -> str:
+    """``text`` with its control characters written out as escapes (ESC as ``\\x1b``), so that
+    text from outside (an event's fields, a worker's error, a host name, a path, a log line) can
+    neither retitle nor clear the terminal, move its cursor or hide what is printed. ``lines``:
+    keep tab and newline (the text is ours, laid out in lines); else they are escaped too (a
+    field's value stays on its line). Every text from outside goes through here before it is
+    printed (``escape`` does it for rich's markup)."""
+    pattern = _CONTROLS if lines else _CONTROLS_AND_LINES
+    return pattern.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def escape(text: str) -> str:
-    """Escape rich markup in ``text``."""
+    """``text`` safe to print through rich: control characters made visible (``visible``),
+    rich markup escaped."""
     from rich.markup import escape as rich_escape
 
-    return rich_escape(text)
+    return rich_escape(visible(text))
 
 
 def _table(*args: Any, **kwargs: Any) -> Table:
@@ -78,7 +97,7 @@ def print_findings(source: str, findings: Sequence[Finding]) -> None:
     """Every finding, errors and warnings first in file order, each with its fix."""
     plain = not sys.stderr.isatty()
     if plain:
-        print(f"nvtrain: {summary_line(source, findings)}", file=sys.stderr)
+        print(f"nvtrain: {visible(summary_line(source, findings))}", file=sys.stderr)
     else:
         err.print(f"nvtrain: {escape(summary_line(source, findings))}")
     for f in findings:
@@ -88,7 +107,8 @@ def print_findings(source: str, findings: Sequence[Finding]) -> None:
         value = f" = {f.value}" if f.value is not None else ""
         if plain:
             print(
-                f"  {place}: {f.severity} {f.where}{value}\n      {f.rule}\n      fix: {f.fix}",
+                f"  {visible(place)}: {f.severity} {visible(f.where)}{visible(value)}\n"
+                f"      {visible(f.rule)}\n      fix: {visible(f.fix)}",
                 file=sys.stderr,
             )
             continue
@@ -101,11 +121,11 @@ def print_findings(source: str, findings: Sequence[Finding]) -> None:
 
 def print_settings(title: str, settings: Sequence[Setting]) -> None:
     if not sys.stdout.isatty():  # logs and pipes: whole values, one per line
-        lines = [title]
+        lines = [visible(title)]
         for s in settings:
             where = f"[{s.table}] " if s.table else ""
             source = "" if s.from_file else "  (default)"
-            lines.append(f"  {where}{s.key} = {s.value}{source}")
+            lines.append(visible(f"  {where}{s.key} = {s.value}{source}"))
         print("\n".join(lines), flush=True)
         return
     table = _table(title=title, title_justify="left", show_edge=False, pad_edge=False)
@@ -127,6 +147,12 @@ def print_error(exc: NvtrainError) -> None:
     err.print(f"[bold red]nvtrain: error:[/] {escape(str(exc))}")
     if isinstance(exc, UsageError) and exc.fix:
         err.print(f"  [dim]fix:[/] {escape(exc.fix)}")
+
+
+def print_warnings(lines: Sequence[str]) -> None:
+    """One ``nvtrain: warning:`` line each, on stderr (stdout may be JSON)."""
+    for line in lines:
+        err.print(f"[yellow]nvtrain: warning:[/] {escape(line)}", soft_wrap=True)
 
 
 _QUIET = {"launcher_started"}
@@ -159,7 +185,11 @@ def _plain_event(record: Event) -> None:
     parts = [f"event={record.name}"]
     for key, value in _shown_fields(record).items():
         text = value if isinstance(value, str) else json.dumps(value, default=str)
-        if isinstance(value, str) and (" " in text or '"' in text or not text):
+        # Quoted as JSON, which escapes every control character (a worker's error, a host name
+        # from outside): the value stays on its line and cannot drive the terminal.
+        if isinstance(value, str) and (
+            " " in text or '"' in text or not text or visible(text, lines=False) != text
+        ):
             text = json.dumps(text)
         parts.append(f"{key}={text}")
     print(f"nvtrain: {time.strftime('%H:%M:%S')} " + " ".join(parts), file=sys.stderr, flush=True)
@@ -184,7 +214,8 @@ def _styled_event(record: Event) -> None:
         style = "bold green" if record.exit_code == 0 else "bold red"
         err.print(f"[{style}]nvtrain:[/] {escape(record.cause or '')}")
         return
-    details = ", ".join(f"{k}={v}" for k, v in _shown_fields(record).items())
+    # A value from outside (a worker's error, a path) stays on its line and cannot drive the terminal.
+    details = ", ".join(f"{k}={visible(str(v), lines=False)}" for k, v in _shown_fields(record).items())
     err.print(f"[{_EVENT_STYLE.get(record.name, 'cyan')}]nvtrain: {record.name}[/] {escape(details)}")
 
 
@@ -431,14 +462,14 @@ def print_report(report: Report, timeline: Path | None) -> None:
         phases.add_column("total", justify="right", no_wrap=True)
         for i in shown:
             cells = [_secs(i.phases.get(name)) for name in PHASES]
-            phases.add_row(f"#{i.index} {i.layer}", "", *cells, _secs(i.seconds))
+            phases.add_row(f"#{i.index} {escape(i.layer)}", "", *cells, _secs(i.seconds))
         for layer in report.layers:
             for n, stat in enumerate(("median", "p95", "max")):
                 row = [
                     _secs(getattr(s, stat)) if s else _secs(None)
                     for s in (layer.phases.get(p) for p in PHASES)
                 ]
-                label = f"[bold]{layer.layer}[/] ({layer.total.count})" if n == 0 else ""
+                label = f"[bold]{escape(layer.layer)}[/] ({layer.total.count})" if n == 0 else ""
                 phases.add_row(label, stat, *row, _secs(getattr(layer.total, stat)), end_section=n == 2)
         say(phases)
         if len(report.incidents) > len(shown):
@@ -510,9 +541,9 @@ def _incident_table(incidents: Sequence[Incident]) -> Table:
             str(i.index),
             _secs(i.start_t),
             escape(i.cause),
-            i.layer,
+            escape(i.layer),
             f"{'–' if i.last_step is None else i.last_step}→{resumed}",
-            i.restore_source or "–",
+            escape(i.restore_source or "–"),
             rolled,
             fresh,
             restarts,

@@ -50,7 +50,9 @@ def command(
 
     check_rendezvous_port(loaded.rendezvous.port)
 
+    from nvtrain.cli._console import visible
+
     def say(text: str) -> None:
-        typer.echo(f"nvtrain control: {text}", err=True)
+        typer.echo(f"nvtrain control: {visible(text)}", err=True)
 
     raise typer.Exit(run_control(plan, loaded, os.environ, say=say))

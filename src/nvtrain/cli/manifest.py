@@ -283,8 +283,10 @@ def command(
         pod_monitor=pod_monitor,
     )
     rendered = manifest_from_file(policy, options)
+    from nvtrain.cli._console import visible
+
     for note in rendered.notes:
-        typer.echo(f"nvtrain: note: {note}", err=True)
+        typer.echo(f"nvtrain: note: {visible(note)}", err=True)
     if output is None:
         typer.echo(rendered.text, nl=False)
         return

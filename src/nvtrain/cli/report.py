@@ -46,12 +46,17 @@ def command(
     if timeline is not None and no_timeline:
         raise UsageError("--timeline and --no-timeline cannot be used together", "give one of them")
     report = read_report(run_dir)
+    if report.warnings:
+        from nvtrain.cli import _console
+
+        _console.print_warnings(report.warnings)
     png = None
     if not no_timeline:
         if timeline is not None:
-            from nvtrain.cli._paths import refuse_overwrite
+            from nvtrain.cli._paths import check_output, refuse_overwrite
 
             refuse_overwrite("--timeline", timeline, {"the events log": Path(report.source)})
+            check_output("--timeline", timeline, ".png", "a PNG image", _is_png)
         png = write_timeline(report, timeline or Path(report.source).parent / TIMELINE_FILE)
     if as_json:
         typer.echo(json.dumps(report_dict(report, None if png is None else str(png)), indent=2))
@@ -59,3 +64,7 @@ def command(
     from nvtrain.cli import _console
 
     _console.print_report(report, png)
+
+
+def _is_png(head: bytes) -> bool:
+    return head.startswith(b"\x89PNG\r\n\x1a\n")

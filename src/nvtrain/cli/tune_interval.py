@@ -126,9 +126,11 @@ def command(
             apply=apply,
         )
     )
+    from nvtrain.cli import _console
+
+    if result.measured is not None and result.measured.warnings:
+        _console.print_warnings(result.measured.warnings)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
         return
-    from nvtrain.cli import _console
-
     _console.print_tuning(result)

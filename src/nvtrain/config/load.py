@@ -28,6 +28,7 @@ from nvtrain.findings import Finding, table_label, toml_value
 
 __all__ = [
     "MAX_FILE_BYTES",
+    "UTF8_BOM",
     "Parsed",
     "attach_positions",
     "parse_model",
@@ -53,6 +54,9 @@ class Parsed(typing.Generic[M]):
     data: dict[str, Any]
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+"""The UTF-8 byte order mark, dropped from the start of the files read (``read_source``)."""
+
 MAX_FILE_BYTES = 4 * 1024 * 1024
 """Largest policy, timings or manifest file read (4 MiB; a policy is a few KiB, and a
 Kubernetes ConfigMap holds at most 1 MiB). Bigger files are refused before they are read."""
@@ -64,9 +68,11 @@ def read_source(
     """The file's bytes, or a finding that says why it cannot be read.
 
     Only regular files are read (a FIFO or a device such as ``/dev/zero`` would block or never
-    end), and at most ``MAX_FILE_BYTES`` of them."""
+    end), and at most ``MAX_FILE_BYTES`` of them. A UTF-8 byte order mark at the start (which
+    some Windows editors write) is dropped: TOML and JSON do not allow one, and editors do not
+    show it, so the lines and columns of findings stay those the editor shows."""
     try:
-        return _read_regular(path), None
+        return _read_regular(path).removeprefix(UTF8_BOM), None
     except _NotRegular as exc:
         rule = f"is not a regular file (it is {exc.kind})"
         fix = "give the path of the policy file itself (a FIFO, device or socket cannot be read as one)"
@@ -150,6 +156,7 @@ def parse_model(raw: bytes | str, source: str, model: type[M]) -> Parsed[M]:
             return Parsed(source, None, [finding], {}, {})
     else:
         text = raw
+    text = text.removeprefix("\ufeff")  # a byte order mark (see ``read_source``)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

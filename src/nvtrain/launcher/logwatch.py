@@ -137,24 +137,50 @@ _ERROR_LEVELS = frozenset({"ERROR", "CRITICAL", "FATAL", "E", "F"})
 # The rest of a multi-line record: the indented "key : value" or "key=value" rows of a table
 # ("Starting elastic_operator with launch configs:", torch's "Rendezvous complete ... Result:").
 _TABLE_ROW = re.compile(r"[ \t]+[A-Za-z_][\w ]*?[ \t]*[:=]")
+# Or the traceback of a record logged with its exception (``logger.exception``, asyncio's
+# "Exception in callback ..." with its "handle: <Handle ...>" line first): its frames are
+# indented, and its last line, the exception, is not; chained exceptions follow after a blank line.
+_TRACEBACK = "Traceback (most recent call last):"
+_CHAINED = frozenset(
+    {
+        "During handling of the above exception, another exception occurred:",
+        "The above exception was the direct cause of the following exception:",
+    }
+)
+_CALLBACK = "Exception in callback "
+_HANDLE = "handle: <Handle "
+# As ft_launcher stops its workers (a stop nvtrain asked for, or a restart), it cancels the rank
+# monitors' connection handlers that still hold a connection, and asyncio logs each one at ERROR
+# with the traceback of its CancelledError: "Exception in callback
+# StreamReaderProtocol.connection_made.<locals>.callback(<Task cancell...erver.py:336>>)" (the
+# task's repr, cut by reprlib to 30 characters, names it cancelled). No failure: not shown.
+_CANCELLED_CALLBACK = re.compile(re.escape(_CALLBACK) + r".*\(<Task cancell")
 
 
 class LogSorter:
     """Sorts one of ft_launcher's streams, line by line, into the launcher's own log records and
     the rest (the workers' output, Python's warnings, anything else), by the loggers' line
     formats. A record continues on the indented rows of a table that follow it (and the blank
-    line that ends the table); any other line is not the launcher's.
+    line that ends the table), or on the traceback logged with it (``Traceback (most recent
+    call last):`` right after it, its indented frames, the exception's line, and the tracebacks
+    chained to it); any other line is not the launcher's.
 
     ``sort`` says whether a line is the launcher's and whether it is shown without ``-v``: every
-    line that is not the launcher's; the launcher's errors; its warnings, each message once
-    (NVRx repeats some at every worker start). ``seen``: the warnings shown so far, shared by
-    the sorters of one ft_launcher's two streams."""
+    line that is not the launcher's; the launcher's errors (with their tracebacks), but for
+    asyncio's report of a cancelled rank monitor connection (``_CANCELLED_CALLBACK``: ft_launcher
+    stopping, no failure); its warnings, each message once (NVRx repeats some at every worker
+    start). ``seen``: the warnings shown so far, shared by the sorters of one ft_launcher's two
+    streams."""
 
     def __init__(self, seen: set[str] | None = None) -> None:
         self.seen = seen if seen is not None else set()
         self._record: bool | None = None
         """Whether the record being continued is shown (None: no record to continue)."""
         self._rows = False
+        self._trace: str | None = None
+        """Where in the record's traceback: "head" (right after the record: a traceback may
+        start), "handle" (asyncio's handle line may come first), "frames", "end" (after an
+        exception's line: a chained one may follow), None (no traceback can follow)."""
 
     def sort(self, line: str) -> tuple[bool, bool]:
         """(the launcher's, shown) for the next line of the stream."""
@@ -165,10 +191,15 @@ class LogSorter:
             shown = level in _ERROR_LEVELS or (level in _WARNING_LEVELS and message not in self.seen)
             if level in _WARNING_LEVELS:
                 self.seen.add(message)
+            if _CANCELLED_CALLBACK.match(message):
+                shown = False
             self._record, self._rows = shown, False
+            self._trace = "handle" if message.startswith(_CALLBACK) else "head"
             return True, shown
         if self._record is not None:
             shown = self._record
+            if self._traceback(line.rstrip("\r\n")):
+                return True, shown
             if _TABLE_ROW.match(line):
                 self._rows = True
                 return True, shown
@@ -176,7 +207,25 @@ class LogSorter:
                 self._record = None
                 return True, shown
         self._record = None
+        self._trace = None
         return False, True
+
+    def _traceback(self, text: str) -> bool:
+        """Whether ``text`` (a line after a record) belongs to the record's traceback."""
+        trace, self._trace = self._trace, None
+        if trace == "frames":
+            self._trace = "frames" if text[:1] in (" ", "\t") else "end"  # else: the exception
+            return True
+        if trace == "handle" and text.startswith(_HANDLE):
+            self._trace = "head"
+            return True
+        if trace is not None and text == _TRACEBACK:
+            self._trace = "frames"
+            return True
+        if trace == "end" and (not text.strip() or text in _CHAINED):
+            self._trace = "end"
+            return True
+        return False
 
 
 # -- a worker's uncaught exception ------------------------------------------------------------

@@ -8,6 +8,7 @@ directory (every pod's events log) or one log file.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from nvtrain.report._json import report_dict
@@ -52,6 +53,8 @@ def read_report(path: Path) -> Report:
     """The report of the events log at ``path`` (a run directory, whose pods' logs are merged,
     or one log file); ``UsageError`` (exit 2) naming the file when it is missing, unreadable or
     holds no valid event. Lines that are not valid events are skipped and counted
-    (``Report.skipped_lines``)."""
+    (``Report.skipped_lines``); events of another run are left out (``Report.left_out``, and a
+    line each in ``Report.warnings``)."""
     target, events = read_log(path, "RUN_DIR")
-    return build_report(RunLog(events), str(target))
+    report = build_report(RunLog(events), str(target))
+    return dataclasses.replace(report, left_out=tuple(events.left_out), warnings=tuple(events.warnings()))

@@ -149,5 +149,16 @@ def report_dict(report: Report, timeline: str | None = None) -> dict[str, Any]:
         ],
         "notes": list(report.notes),
         "skipped_lines": report.skipped_lines,
+        "left_out": [
+            {
+                "file": str(gone.file),
+                "run_id": gone.run_id,
+                "events": gone.events,
+                "lines": [[first, last] for first, last in gone.lines],
+                "whole_file": gone.whole_file,
+            }
+            for gone in report.left_out
+        ],
+        "warnings": list(report.warnings),
         "timeline": timeline,
     }

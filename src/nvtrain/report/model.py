@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from nvtrain.events.records import Event
-from nvtrain.runlog import Cause, Recovery, RunLog
+from nvtrain.runlog import Cause, LeftOut, Recovery, RunLog
 
 __all__ = [
     "INFRASTRUCTURE_GOODPUT",
@@ -250,6 +250,10 @@ class Report:
     """Lines of the log that were skipped as not valid events (``nvtrain.events.parse_event``)."""
     finished: bool = False
     """Every node's launcher logged its exit after its last start (``RunLog.finished``)."""
+    left_out: tuple[LeftOut, ...] = ()
+    """Events of another run found in the log and left out (``nvtrain.runlog.read_log``)."""
+    warnings: tuple[str, ...] = ()
+    """What the reader of the report must know: one line per file with another run's events."""
 
 
 # -- building ---------------------------------------------------------------------------------

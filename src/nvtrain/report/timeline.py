@@ -4,10 +4,16 @@ checkpoint freshness below. matplotlib (the ``report`` extra) is imported only w
 from __future__ import annotations
 
 import bisect
+import contextlib
+import io
+import logging
 import math
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nvtrain.atomic import write_atomically
 from nvtrain.errors import UsageError
 
 if TYPE_CHECKING:
@@ -30,8 +36,42 @@ _KEPT, _LOST, _FAULT, _COMMIT = "#4e79a7", "#e15759", "#d62728", "#59a14f"
 
 
 def write_timeline(report: Report, path: Path) -> Path:
-    """Draw ``report`` into the PNG ``path``; ``UsageError`` (exit 2) when matplotlib is missing
-    or the file cannot be written."""
+    """Draw ``report`` into the PNG ``path``, written whole (``write_atomically``: a failed write
+    leaves the file that was there); ``UsageError`` (exit 2) when matplotlib is missing or the
+    file cannot be written. matplotlib says nothing meanwhile (``_quiet``)."""
+    with _quiet():
+        png = _draw(report)
+    try:
+        write_atomically(path, png)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write the timeline {path} ({exc.strerror or exc})",
+            "give a writable path with --timeline PATH, or add --no-timeline",
+        ) from None
+    return path
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """matplotlib's warnings and log records stay unprinted while it is imported and draws: the
+    temporary cache folder it makes when its config folder is not writable (``MPLCONFIGDIR``,
+    ``~/.config/matplotlib``), a font it cannot find, a layout it cannot fit. The PNG is drawn
+    all the same; none of these is the report's reader's concern."""
+    logger = logging.getLogger("matplotlib")
+    handler, propagate = logging.NullHandler(), logger.propagate
+    logger.addHandler(handler)  # a handler: the records do not reach logging's last resort (stderr)
+    logger.propagate = False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
+def _draw(report: Report) -> bytes:
+    """The PNG of ``report``'s timeline."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -57,14 +97,9 @@ def write_timeline(report: Report, path: Path) -> Path:
     fresh_ax.grid(alpha=0.3)
     fresh_ax.set_xlim(0, report.time.total / scale if report.time.total > 0 else 1)
     fresh_ax.set_ylim(bottom=0)
-    try:
-        fig.savefig(path, format="png")
-    except OSError as exc:
-        raise UsageError(
-            f"cannot write the timeline {path} ({exc.strerror or exc})",
-            "give a writable path with --timeline PATH, or add --no-timeline",
-        ) from None
-    return path
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    return png.getvalue()
 
 
 def _unit(total: float) -> tuple[str, float]:

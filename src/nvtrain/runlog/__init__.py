@@ -1,7 +1,8 @@
 """What a run's events log says, worked out once: ``report``, ``tune-interval --from-run`` and
 the live metrics all read a run through ``RunLog``.
 
-``read_log`` finds and reads the log (``files``); ``RunLog`` (``log``) orders its typed records
+``read_log`` finds and reads the log (``files``: one run's events only, ``RunEvents.left_out``
+lists another run's found there); ``RunLog`` (``log``) orders its typed records
 (``nvtrain.events.records``) by time and works out, each on first use:
 
 * ``recoveries`` (``recoveries``): the faults and restarts before each first completed step of
@@ -22,7 +23,16 @@ was parsed (``nvtrain.events.records.from_fields``).
 """
 
 from nvtrain.runlog.checkpoints import ORIGINS, WAITED, Origin, Saves, loads_by_origin, recovery_origins
-from nvtrain.runlog.files import EVENTS_FILE, RunTail, log_files, pod_events_file, pod_files, read_log
+from nvtrain.runlog.files import (
+    EVENTS_FILE,
+    LeftOut,
+    RunEvents,
+    RunTail,
+    log_files,
+    pod_events_file,
+    pod_files,
+    read_log,
+)
 from nvtrain.runlog.kinds import restore_origin
 from nvtrain.runlog.log import RunLog
 from nvtrain.runlog.recoveries import CAUSES, Cause, Layer, Recovery
@@ -35,8 +45,10 @@ __all__ = [
     "WAITED",
     "Cause",
     "Layer",
+    "LeftOut",
     "Origin",
     "Recovery",
+    "RunEvents",
     "RunLog",
     "RunTail",
     "Saves",

@@ -132,6 +132,7 @@ class Tuned:
                         for origin, v in self.measured.by_origin.items()
                     },
                     "saves_waited": len(self.measured.waits),
+                    "warnings": list(self.measured.warnings),
                 }
                 if self.measured is not None
                 else None

@@ -104,6 +104,9 @@ class Measured:
     """Lines of the log that were skipped as not valid events."""
     by_origin: Mapping[Origin, OriginLoads] = dataclasses.field(default_factory=dict)
     """The loads and recoveries per origin (each of ``memory``, ``peer``, ``storage``)."""
+    warnings: tuple[str, ...] = ()
+    """One line per file of the log whose events of another run were left out
+    (``nvtrain.runlog.RunEvents.warnings``)."""
 
     @property
     def weighed(self) -> dict[Origin, OriginLoads]:
@@ -147,9 +150,11 @@ class Measured:
 
 
 def read_measured(path: Path) -> Measured:
-    """Measure the timings logged in the events log at ``path`` (a file or a run directory)."""
+    """Measure the timings logged in the events log at ``path`` (a file or a run directory);
+    only one run's events count (``read_log``: ``warnings`` says which were left out)."""
     target, events = read_log(path)
-    return measure_events(RunLog(events), str(target))
+    measured = measure_events(RunLog(events), str(target))
+    return dataclasses.replace(measured, warnings=tuple(events.warnings()))
 
 
 def measure_events(events: RunLog | Iterable[Event], source: str) -> Measured:

@@ -1,0 +1,72 @@
+"""``--from-run`` (and ``report``'s RUN_DIR) given a path that exists but is no run: each says
+what the path is, exits 2, and never blocks on a FIFO nor reads a device without end."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU_LOG = ROOT / "tests/tuning/data/cpu-demo-events.jsonl"
+FIX = "  fix: give a run directory (<checkpoint dir>/<run id>) or one of the events-node<N>.jsonl files in it"
+
+
+def nvtrain(*args: str) -> subprocess.CompletedProcess[str]:
+    """``nvtrain ARGS`` in a process of its own: a command that blocked would fail the test here
+    (``TimeoutExpired``) instead of hanging it."""
+    return subprocess.run(
+        [sys.executable, "-m", "nvtrain", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def from_run(path: Path) -> subprocess.CompletedProcess[str]:
+    return nvtrain("tune-interval", "--from-run", str(path), "--mtbf", "6h")
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_a_device_is_named_as_one_and_never_read() -> None:
+    result = from_run(Path("/dev/zero"))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        "nvtrain: error: --from-run: /dev/zero is not a run directory nor an events log: it is a "
+        "character device, which is not read (it could block or never end)\n" + FIX + "\n"
+    )
+    report = nvtrain("report", "/dev/zero")
+    assert (
+        report.returncode == 2
+        and "RUN_DIR: /dev/zero is not a run directory nor an events log" in report.stderr
+    )
+
+
+def test_a_fifo_is_named_as_one_and_never_opened(tmp_path: Path) -> None:
+    fifo = tmp_path / "events-node0.jsonl"
+    os.mkfifo(fifo)  # no writer: opening it to read would wait forever
+    result = from_run(fifo)
+    assert result.returncode == 2, result.stderr
+    assert f"--from-run: {fifo} is not a run directory nor an events log: it is a FIFO" in result.stderr
+    # in a run directory a FIFO is no pod's log: the folder has none
+    in_folder = from_run(tmp_path)
+    assert in_folder.returncode == 2
+    assert f"--from-run: {tmp_path} has no events log (events-node<N>.jsonl)" in in_folder.stderr
+
+
+def test_a_folder_without_events_logs_and_a_missing_path(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("not a log\n", encoding="utf-8")
+    result = from_run(tmp_path)
+    assert result.returncode == 2 and f"{tmp_path} has no events log" in result.stderr
+    missing = from_run(tmp_path / "missing")
+    assert missing.returncode == 2 and f"{tmp_path / 'missing'} does not exist" in missing.stderr
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every file whatever its mode")
+def test_an_unreadable_log_says_so(tmp_path: Path) -> None:
+    log = tmp_path / "events-node0.jsonl"
+    shutil.copy(CPU_LOG, log)
+    log.chmod(0)
+    result = from_run(log)
+    assert result.returncode == 2 and f"--from-run: {log} cannot be read (Permission denied)" in result.stderr
