@@ -84,6 +84,17 @@ def wait_for_line(proc: subprocess.Popen[str], prefix: str) -> str:
     raise AssertionError(f"no {prefix!r} line; exit {proc.wait()}")
 
 
+def rest(proc: subprocess.Popen[str]) -> str:
+    """The rest of ``proc``'s output, once it has ended. Not ``communicate(timeout=...)``: that
+    reads the pipe's descriptor and misses lines that ``wait_for_line``'s iteration has already
+    buffered (the store's last line can come in one read with its first, under load)."""
+    assert proc.stdout is not None
+    with proc.stdout:
+        out = proc.stdout.read()
+    proc.wait(timeout=60)
+    return out
+
+
 def gone(pids: list[int]) -> bool:
     return not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
 
@@ -91,7 +102,7 @@ def gone(pids: list[int]) -> bool:
 def test_the_store_process_exit_code_is_the_pods(tmp_path: Path) -> None:
     proc = start(tmp_path, "7")
     pids = store_pids(wait_for_line(proc, "STORE"))
-    out, _ = proc.communicate(timeout=60)
+    out = rest(proc)
     assert proc.returncode == 7, out
     assert "store process exited with 7" in out
     assert gone(pids), "the detached grandchild outlived nvtrain control"
@@ -102,7 +113,7 @@ def test_sigterm_is_forwarded_then_kill_after_stop_timeout_and_nothing_is_left(t
     pids = store_pids(wait_for_line(proc, "STORE"))
     sent = time.monotonic()
     os.kill(proc.pid, signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
+    out = rest(proc)
     took = time.monotonic() - sent
     assert proc.returncode == 128 + signal.SIGTERM, out
     assert "signal SIGTERM" in out
@@ -112,7 +123,7 @@ def test_sigterm_is_forwarded_then_kill_after_stop_timeout_and_nothing_is_left(t
 
 def test_own_name_that_never_resolves_is_exit_3_naming_it(tmp_path: Path) -> None:
     proc = start(tmp_path, "0", wait_for="nvtrain-control-test.invalid")
-    out, _ = proc.communicate(timeout=60)
+    out = rest(proc)
     assert proc.returncode == 3, out
     assert "ERROR nvtrain-control-test.invalid did not resolve" in out
     assert "STORE" not in out  # the store process was never started
