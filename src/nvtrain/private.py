@@ -20,6 +20,7 @@ __all__ = [
     "RUN_KEY_ENV",
     "NotPrivate",
     "check_private_dir",
+    "open_parent",
     "make_private_dir",
     "read_private_file",
     "run_key",
@@ -38,9 +39,11 @@ class NotPrivate(OSError):
     """A path that is not this user's alone: ``path`` and ``reason`` say what is wrong (the
     caller turns it into a message with the key or variable that named the path)."""
 
-    def __init__(self, path: Path, reason: str) -> None:
+    def __init__(self, path: Path, reason: str, *, parent: bool = False) -> None:
         self.path = path
         self.reason = reason
+        self.parent = parent
+        """The fault is the folder that holds ``path`` (``open_parent``), not ``path``."""
         super().__init__(f"{path}: {reason}")
 
 
@@ -81,11 +84,33 @@ def check_private_dir(path: Path, *, closed: int = 0o077) -> str | None:
     return _problem(info, folder=True, closed=closed)
 
 
+def open_parent(path: Path) -> str | None:
+    """Why another user could take ``path`` away from us through its parent folder (one that
+    anyone may write without the sticky bit lets anyone rename or remove what is in it, and put
+    their own folder in its place), or None. ``/tmp`` and ``/dev/shm`` (sticky) pass; so does a
+    group-writable volume root (Kubernetes' ``fsGroup``): the group is the pod's."""
+    parent = path.parent
+    try:
+        info = os.stat(parent)
+    except OSError:
+        return None  # nothing there yet: the caller's own mkdir or open reports it
+    if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
+        return (
+            f"is in {parent} (mode {stat.S_IMODE(info.st_mode):04o}), which anyone may write without "
+            "the sticky bit: another user could rename it away and put their own in its place"
+        )
+    return None
+
+
 def make_private_dir(path: Path, *, exist_ok: bool = True, closed: int = 0o077) -> bool:
     """Make ``path`` (its parent must exist) at mode 0700, whatever the umask; returns True when
     it was made here. If something is there already it is accepted only when ``exist_ok`` and
-    it passes ``check_private_dir``; else ``NotPrivate``. Other ``OSError``s (no room, no
+    it passes ``check_private_dir``; else ``NotPrivate`` (also when its parent lets anyone
+    replace it: ``open_parent``, ``NotPrivate.parent``). Other ``OSError``s (no room, no
     permission on the parent) are raised as they are."""
+    problem = open_parent(path)
+    if problem is not None:
+        raise NotPrivate(path, problem, parent=True)
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:

@@ -174,6 +174,29 @@ def test_a_run_folder_of_another_user_or_open_to_writes_is_refused(
     assert tree(shared) == before
 
 
+def test_a_checkpoint_dir_anyone_may_write_without_the_sticky_bit_is_refused(
+    nvtrain: NvtrainRunner, tmp_path: Path, shared: Path
+) -> None:
+    """The default for scripts is ``$TMPDIR/nvtrain``: a user who made it first, open to all and
+    not sticky, could rename our run folder away and put their own in its place."""
+    parent = shared / "ckpt" / "nvtrain"
+    as_nobody(f"mkdir -m 0777 '{parent}'")
+    _, tables = make_policy(tmp_path, script=str(BIN / "noop_worker.py"), nproc=1, max_restarts=0)
+    tables["checkpoint"] = {"dir": str(parent), "memory_dir": str(shared / "shm")}
+    before = tree(shared)
+    run = nvtrain.start(
+        "--run-id", "open-parent", str(write_policy(tmp_path, tables)), env={"TMPDIR": str(shared / "t")}
+    )
+    assert run.wait(timeout=60) == 2, run.describe()
+    assert (
+        f"the run's folder {parent / 'open-parent'} is in {parent} (mode 0777), which anyone may write"
+        in run.stderr
+    )
+    assert f"fix: give {parent} the sticky bit" in run.stderr, run.describe()
+    assert "Traceback" not in run.stderr + run.stdout and not run.launcher_seen(), run.describe()
+    assert tree(shared) == before
+
+
 def test_an_unusable_memory_dir_leaves_no_run_folder(nvtrain: NvtrainRunner, tmp_path: Path) -> None:
     _, tables = make_policy(tmp_path, script=str(BIN / "noop_worker.py"), nproc=1)
     tables["checkpoint"]["memory_dir"] = str(tmp_path / "no-such-shm")

@@ -176,7 +176,7 @@ def _make_run_dir(policy: Policy, paths: RunPaths) -> None:
     """``<checkpoint dir>/<run id>``, shared by the job's pods (so it may exist): made at 0700;
     one that exists must be this user's, not a link, and not writable by group or others."""
     try:
-        paths.run_dir.parent.mkdir(parents=True, exist_ok=True)
+        _make_parents(paths.run_dir.parent)
         if private.make_private_dir(paths.run_dir, closed=0o022):
             paths.made.append(paths.run_dir)
         _probe(paths.run_dir)
@@ -185,11 +185,27 @@ def _make_run_dir(policy: Policy, paths: RunPaths) -> None:
             f"[checkpoint] dir = {json.dumps(policy.checkpoint.dir)}: the run's folder {exc.path} "
             f"{exc.reason}; nvtrain uses a run folder only when it is this user's and not "
             "writable by group or others (another user could plant files the workers load)",
-            f"remove {exc.path} (look at what is in it first), or make it this user's and closed "
+            _parent_fix(exc, "point [checkpoint] dir at a folder that only this user can write")
+            or f"remove {exc.path} (look at what is in it first), or make it this user's and closed "
             "(chown, chmod go-w), or start with another run id",
         ) from None
     except OSError as exc:
         raise unwritable_run_dir(policy, paths.run_dir, exc) from None
+
+
+def _make_parents(folder: Path) -> None:
+    """Make ``folder`` and the folders above it that are missing at 0755 whatever the umask (a
+    umask of 000 would leave them open to all, and the run's folder in one is refused)."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, 0o755)
+        except FileExistsError:  # another pod made it meanwhile
+            continue
+        os.chmod(path, 0o755)
 
 
 def _make_state(policy: Policy, paths: RunPaths) -> None:
@@ -217,7 +233,8 @@ def _make_state(policy: Policy, paths: RunPaths) -> None:
             f"$TMPDIR ({state.parent}): {what} {exc.path} {exc.reason}; nvtrain uses a state "
             "folder only when this user made it and no one else can enter it (another user could "
             "read the run's key or change what ft_launcher reads)",
-            f"remove {exc.path} (look at what is in it first), or point TMPDIR at a folder that "
+            _parent_fix(exc, "point TMPDIR at a folder that only this user can write")
+            or f"remove {exc.path} (look at what is in it first), or point TMPDIR at a folder that "
             "only this user can write",
         ) from None
     except OSError as exc:
@@ -238,7 +255,8 @@ def _make_host_copy(policy: Policy, paths: RunPaths, folder: Path) -> None:
             f"[checkpoint] memory_dir = {memory_dir}: the host-copy folder {exc.path} {exc.reason}; "
             "nvtrain uses a host-copy folder only when this user made it and no one else can "
             "enter it (another user could plant a checkpoint the workers restore)",
-            f"remove {exc.path} (look at what is in it first), or set memory_dir to a folder that "
+            _parent_fix(exc, "set memory_dir to a folder that only this user can write")
+            or f"remove {exc.path} (look at what is in it first), or set memory_dir to a folder that "
             'only this user can write, or memory_dir = "" to keep the copy in the worker only',
         ) from None
     except OSError as exc:
@@ -247,6 +265,15 @@ def _make_host_copy(policy: Policy, paths: RunPaths, folder: Path) -> None:
             "mount memory-backed storage there (an emptyDir with medium: Memory at /dev/shm), "
             'or set memory_dir = "" to keep the copy in the worker only',
         ) from None
+
+
+def _parent_fix(exc: private.NotPrivate, elsewhere: str) -> str:
+    """The fix when the fault is the folder above (``exc.parent``), else ""."""
+    if not exc.parent:
+        return ""
+    return (
+        f"give {exc.path.parent} the sticky bit (chmod +t) or take others' write (chmod o-w), or {elsewhere}"
+    )
 
 
 def remove_stale_host_copies(mine: Path) -> list[Path]:

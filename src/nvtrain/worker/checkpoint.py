@@ -86,6 +86,7 @@ from nvtrain.worker.plain import (
     PlainLoadPlanner,
     Refused,
     check_plain,
+    first_cause,
     load_plain,
     read_metadata,
     refusal,
@@ -155,26 +156,8 @@ def _write_durable(path: Path, data: bytes) -> None:
 
 
 def _storage_error(exc: BaseException) -> OSError | None:
-    """The ``OSError`` behind ``exc`` (a full, read-only or failing volume), if there is one.
-    torch's ``CheckpointException`` carries each rank's own exception in ``failures``."""
-    todo: list[BaseException | None] = [exc]
-    seen: set[int] = set()
-    while todo:
-        item = todo.pop(0)
-        if item is None or id(item) in seen:
-            continue
-        seen.add(id(item))
-        if isinstance(item, OSError) and not isinstance(item, ConnectionError):
-            return item
-        failures = getattr(item, "failures", None)
-        if isinstance(failures, dict):
-            todo += [
-                f[0]
-                for f in failures.values()
-                if isinstance(f, tuple) and f and isinstance(f[0], BaseException)
-            ]
-        todo += [item.__cause__, item.__context__]
-    return None
+    """The ``OSError`` behind ``exc`` (a full, read-only or failing volume), if there is one."""
+    return first_cause(exc, OSError, unless=(ConnectionError,))
 
 
 def _os_error_text(exc: OSError) -> str:

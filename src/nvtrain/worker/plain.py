@@ -27,7 +27,7 @@ import io
 import pathlib
 import pickle
 import re
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import torch
 from torch.distributed.checkpoint._traverse import set_element
@@ -45,9 +45,13 @@ __all__ = [
     "PlainLoadPlanner",
     "Refused",
     "check_plain",
+    "first_cause",
     "load_plain",
     "refusal",
 ]
+
+
+E = TypeVar("E", bound=BaseException)
 
 
 class Refused(pickle.UnpicklingError):
@@ -230,9 +234,12 @@ class PlainLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = loaded
 
 
-def refusal(exc: BaseException) -> Refused | None:
-    """The ``Refused`` behind ``exc`` (torch's ``CheckpointException`` carries each rank's
-    exception in ``failures``), if there is one."""
+def first_cause(
+    exc: BaseException, wanted: type[E], *, unless: tuple[type[BaseException], ...] = ()
+) -> E | None:
+    """The first exception of type ``wanted`` (and none of ``unless``) in ``exc``'s chain, ``exc``
+    first, breadth first: its ``__cause__`` and ``__context__``, and the per-rank exceptions that
+    torch's ``CheckpointException`` carries in ``failures``."""
     todo: list[BaseException | None] = [exc]
     seen: set[int] = set()
     while todo:
@@ -240,7 +247,7 @@ def refusal(exc: BaseException) -> Refused | None:
         if item is None or id(item) in seen:
             continue
         seen.add(id(item))
-        if isinstance(item, Refused):
+        if isinstance(item, wanted) and not isinstance(item, unless):
             return item
         failures = getattr(item, "failures", None)
         if isinstance(failures, dict):
@@ -251,3 +258,8 @@ def refusal(exc: BaseException) -> Refused | None:
             ]
         todo += [item.__cause__, item.__context__]
     return None
+
+
+def refusal(exc: BaseException) -> Refused | None:
+    """The ``Refused`` behind ``exc``, if there is one (``first_cause``)."""
+    return first_cause(exc, Refused)
