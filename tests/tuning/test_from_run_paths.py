@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -63,10 +64,36 @@ def test_a_folder_without_events_logs_and_a_missing_path(tmp_path: Path) -> None
     assert missing.returncode == 2 and f"{tmp_path / 'missing'} does not exist" in missing.stderr
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every file whatever its mode")
-def test_an_unreadable_log_says_so(tmp_path: Path) -> None:
-    log = tmp_path / "events-node0.jsonl"
-    shutil.copy(CPU_LOG, log)
-    log.chmod(0)
-    result = from_run(log)
-    assert result.returncode == 2 and f"--from-run: {log} cannot be read (Permission denied)" in result.stderr
+def test_an_unreadable_log_says_so() -> None:
+    """As root (CI), read by the user nobody: root reads every file whatever its mode."""
+    folder = Path(tempfile.mkdtemp(prefix="nvt-unreadable-", dir="/tmp"))
+    try:
+        folder.chmod(0o755)
+        log = folder / "events-node0.jsonl"
+        shutil.copy(CPU_LOG, log)
+        log.chmod(0)
+        if os.geteuid() == 0 and shutil.which("setpriv") is None:
+            pytest.skip("needs setpriv (util-linux) to read as another user")
+
+        def as_reader(*argv: str) -> subprocess.CompletedProcess[str]:
+            if os.geteuid() != 0:
+                return nvtrain(*argv)
+            nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+            return subprocess.run(
+                [*nobody, sys.executable, "-m", "nvtrain", *argv],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+                cwd=folder,
+                env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(folder)},
+            )
+
+        result = as_reader("tune-interval", "--from-run", str(log), "--mtbf", "6h")
+        assert result.returncode == 2, result.stderr
+        assert f"--from-run: {log} cannot be read (Permission denied)" in result.stderr
+        report = as_reader("report", str(log))
+        assert report.returncode == 2, report.stderr
+        assert f"RUN_DIR: {log} cannot be read (Permission denied)" in report.stderr
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

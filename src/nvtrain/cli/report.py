@@ -18,6 +18,7 @@ def command(
         Path,
         typer.Argument(
             metavar="RUN_DIR",
+            readable=False,  # nvtrain says which file cannot be read, and the fix
             help="Run directory (<checkpoint dir>/<run id>) or one of its events-node<N>.jsonl logs.",
             show_default=False,
         ),

@@ -22,6 +22,7 @@ def command(
         typer.Option(
             "--from-run",
             metavar="RUN",
+            readable=False,  # nvtrain says which file cannot be read, and the fix
             help="Run directory (<checkpoint dir>/<run id>) or one events log: measure the timings.",
             rich_help_panel=_TIMINGS,
         ),
