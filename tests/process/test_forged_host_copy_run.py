@@ -18,9 +18,7 @@ states, bounded by a deadline.
 
 from __future__ import annotations
 
-import io
 import json
-import os
 import re
 import signal
 import time
@@ -30,6 +28,8 @@ from typing import Any
 import psutil
 import pytest
 from proc_helpers import NvtrainRunner, Running, make_policy, read_events, write_policy
+
+from forgery import Marker, forge_copy, pickled
 
 pytestmark = [
     pytest.mark.slow,
@@ -46,16 +46,6 @@ DEADLINE = 240.0
 STARTS = re.compile(r"DEMO rank (\d)/2 starts at step \d+ \(attempt \d+, restart (\d+), pid (\d+)\)")
 LOSS = re.compile(r"DEMO step (\d+)/\d+ loss (-?\d+\.\d+)")
 FINGERPRINT = re.compile(r"DEMO rank (\d) finished fingerprint ([0-9a-f]{16})")
-
-
-class _Marker:
-    """Unpickled with code, it creates ``path`` (``os.system``, as an attacker's pickle would)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self) -> tuple[Any, tuple[str]]:
-        return (os.system, (f"touch {self.path}",))
 
 
 def _policy(tmp_path: Path, warm: bool) -> Path:
@@ -182,47 +172,6 @@ def _stop_at_sealed_step(
         _wait(lambda n=newest: _committed(run_dir) != n, "newer committed step", run)
 
 
-def _pickled(value: Any) -> bytes:
-    import torch
-
-    buffer = io.BytesIO()
-    torch.save(value, buffer)
-    return buffer.getvalue()
-
-
-def _xxh3_pieces(data: bytes) -> str:
-    """The hashes of format 2 (before run keys): xxh3 of the 64 MiB pieces' xxh3 digests."""
-    import xxhash
-
-    view = memoryview(data)
-    pieces = [xxhash.xxh3_64_digest(view[i : i + (64 << 20)]) for i in range(0, max(len(view), 1), 64 << 20)]
-    return xxhash.xxh3_64_hexdigest(b"".join(pieces))
-
-
-def _forge(header_path: Path, extra: bytes) -> None:
-    """Replace the copy's extra file by ``extra`` (a pickle that creates the marker), and make its header
-    match as an attacker who can write the folder but has not the run's key can: format 3, keyed
-    BLAKE3 hashes and a MAC under a key of the attacker's; format 2 (the code before run keys,
-    to show that this test fails there), its unkeyed xxh3 hashes."""
-    import blake3
-
-    stem = header_path.name.removesuffix(".json")
-    (header_path.parent / f"{stem}.extra").write_bytes(extra)
-    header = json.loads(header_path.read_text(encoding="utf-8"))
-    data = (header_path.parent / f"{stem}.bin").read_bytes()[: header["bytes"]]
-    if header["format"] == 2:
-        header["data_hash"], header["extra_hash"] = _xxh3_pieces(data), _xxh3_pieces(extra)
-    else:
-        assert header["format"] == 3 and "mac" in header, header
-        key = os.urandom(32)
-        header["data_hash"] = blake3.blake3(data, key=key).hexdigest()
-        header["extra_hash"] = blake3.blake3(extra, key=key).hexdigest()
-        fields = {k: v for k, v in header.items() if k != "mac"}
-        text = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
-        header["mac"] = blake3.blake3(text, key=key).hexdigest()
-    header_path.write_text(json.dumps(header, sort_keys=True), encoding="utf-8")
-
-
 def _losses(stdout: str) -> dict[int, list[str]]:
     found: dict[int, list[str]] = {}
     for step, loss in LOSS.findall(stdout):
@@ -237,7 +186,7 @@ def test_a_forged_host_copy_is_refused_after_a_sigkill(
     run_id = f"forged-{'warm' if warm else 'cold'}"
     run_dir = tmp_path / "ckpt" / run_id
     marker = tmp_path / "forged-pickle-ran"
-    forged = _pickled({"skeleton": _Marker(marker), "extra": _Marker(marker)})  # made before the run
+    forged = pickled({"skeleton": Marker(marker), "extra": Marker(marker)})  # made before the run
     run = nvtrain.start("--run-id", run_id, str(_policy(tmp_path, warm)))
     copies = _host_copies(run, run_id)
 
@@ -245,7 +194,7 @@ def test_a_forged_host_copy_is_refused_after_a_sigkill(
     headers = [_header(copies, rank, step) for rank in (0, 1)]
     for header in headers:
         assert header is not None
-        _forge(header, forged)
+        forge_copy(header, forged)
     killed_at = time.time()
     workers[0].send_signal(signal.SIGKILL)
     workers[1].send_signal(signal.SIGCONT)

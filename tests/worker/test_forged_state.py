@@ -11,7 +11,6 @@ One process, world of one, real files and real torch (helpers shared with
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -27,6 +26,7 @@ from test_checkpointer import _bits, _checkpointer, _events, _model, _named, _po
 from test_hostcopy import _header, _new_process, _restore, _saved
 from worker_helpers import run_key_env
 
+from forgery import Marker, forge_copy, pickled
 from nvtrain.private import make_private_dir
 
 pytestmark = [
@@ -51,58 +51,11 @@ def _fresh_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         monkeypatch.setenv(name, value)
 
 
-class _Marker:
-    """Unpickled with code, it creates ``path`` (``os.system``, as an attacker's would)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def __reduce__(self) -> tuple[Any, tuple[str]]:
-        return (os.system, (f"touch {self.path}",))
-
-
-def _pickled(value: Any) -> bytes:
-    import torch
-
-    buffer = io.BytesIO()
-    torch.save(value, buffer)
-    return buffer.getvalue()
-
-
-def _xxh3_pieces(data: bytes) -> str:
-    """The host copy's hash before run keys (format 2): xxh3 of the 64 MiB pieces' xxh3s."""
-    view = memoryview(data)
-    pieces = [xxhash.xxh3_64_digest(view[i : i + (64 << 20)]) for i in range(0, max(len(view), 1), 64 << 20)]
-    return xxhash.xxh3_64_hexdigest(b"".join(pieces))
-
-
-def _blake3(data: bytes, key: bytes | None) -> str:
-    import blake3
-
-    return (blake3.blake3(data, key=key) if key else blake3.blake3(data)).hexdigest()
-
-
 def _forge(shm: Path, marker: Path, hashes: str) -> None:
     """Replace step 10's copy's extra file by a pickle that creates ``marker``, and make its
-    header match it as an attacker who can write the folder can: the hashes (and a MAC over the
-    header) computed ``hashes`` way, ``old`` (unkeyed xxh3, as before run keys), ``unkeyed``
-    (BLAKE3 without a key) or ``wrong-key`` (BLAKE3 with a key of the attacker's)."""
-    header_path = _header(shm, 10)
-    slot = header_path.name.split(".")[1]
-    extra = _pickled({"skeleton": _Marker(marker), "extra": _Marker(marker)})
-    (shm / f"rank0.{slot}.extra").write_bytes(extra)
-    data = (shm / f"rank0.{slot}.bin").read_bytes()
-    header = json.loads(header_path.read_text())
-    data = data[: header["bytes"]]
-    if hashes == "old":
-        header["data_hash"], header["extra_hash"] = _xxh3_pieces(data), _xxh3_pieces(extra)
-    else:
-        key = os.urandom(32) if hashes == "wrong-key" else None
-        header["data_hash"], header["extra_hash"] = _blake3(data, key), _blake3(extra, key)
-        fields = {k: v for k, v in header.items() if k != "mac"}
-        text = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
-        header["mac"] = _blake3(text, key)
-    header_path.write_text(json.dumps(header, sort_keys=True))
+    header match it as an attacker who can write the folder can (``forge_copy``: ``old``,
+    ``unkeyed`` or ``wrong-key`` hashes)."""
+    forge_copy(_header(shm, 10), pickled({"skeleton": Marker(marker), "extra": Marker(marker)}), hashes)
 
 
 @pytest.mark.parametrize("hashes", ["old", "unkeyed", "wrong-key"])
@@ -134,7 +87,7 @@ def test_a_host_copy_sealed_with_the_run_key_still_runs_no_code(
     marker = tmp_path / "ran"
     header_path = _header(shm, 10)
     slot = header_path.name.split(".")[1]
-    extra = _pickled({"skeleton": _Marker(marker), "extra": {}})
+    extra = pickled({"skeleton": Marker(marker), "extra": {}})
     (shm / f"rank0.{slot}.extra").write_bytes(extra)
     fields = json.loads(header_path.read_text())
     data = memoryview((shm / f"rank0.{slot}.bin").read_bytes())[: fields["bytes"]]
@@ -180,13 +133,13 @@ def _recommit(folder: Path) -> None:
 
 
 def _forge_extra(folder: Path, marker: Path) -> None:
-    (folder / "extra-rank0.pt").write_bytes(_pickled({"rng": _Marker(marker), "extra": {}}))
+    (folder / "extra-rank0.pt").write_bytes(pickled({"rng": Marker(marker), "extra": {}}))
 
 
 def _forge_metadata(folder: Path, marker: Path) -> None:
     import pickle
 
-    (folder / ".metadata").write_bytes(pickle.dumps(_Marker(marker)))
+    (folder / ".metadata").write_bytes(pickle.dumps(Marker(marker)))
 
 
 def _forge_shard_item(folder: Path, marker: Path) -> None:
@@ -198,7 +151,7 @@ def _forge_shard_item(folder: Path, marker: Path) -> None:
     model, optimizer = _model(3)
     _train(model, optimizer, 1, seed=3)
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    optim_sd["param_groups"][0]["lr"] = _Marker(marker)
+    optim_sd["param_groups"][0]["lr"] = Marker(marker)
     forged = folder.with_name("forged")
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(forged), no_dist=True)
     for path in folder.glob("*.distcp"):
@@ -399,7 +352,7 @@ def test_a_checkpoint_written_before_plain_rng_states_still_restores(tmp_path: P
     extra["rng"]["numpy"] = numpy.random.get_state()
     wanted = numpy.random.random(3)
     numpy.random.seed(0)
-    (folder / "extra-rank0.pt").write_bytes(_pickled(extra))
+    (folder / "extra-rank0.pt").write_bytes(pickled(extra))
     _recommit(folder)
     model, optimizer = _model(9)
     assert _checkpointer(run_dir, model, optimizer, _policy(False)).restore() == 20
