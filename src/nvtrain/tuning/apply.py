@@ -18,6 +18,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from nvtrain.atomic import write_atomically
 from nvtrain.config.load import read_source
 from nvtrain.config.locate import key_positions
 from nvtrain.config.validation import validate_source
@@ -173,20 +174,11 @@ def _check_writable(path: Path, target: Path) -> None:
 
 
 def _replace(target: Path, data: bytes) -> None:
-    """Write ``data`` to a new file next to ``target`` and rename it over ``target``."""
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    mode = target.stat().st_mode & 0o7777
+    """Write ``data`` to a new file next to ``target`` and rename it over ``target``
+    (``write_atomically``), then sync the folder."""
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
+        write_atomically(target, data)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise UsageError(
             f"--apply: cannot write {target} ({exc.strerror or exc})",
             "make the file and its directory writable, or apply the interval by hand",
