@@ -43,6 +43,7 @@ from nvtrain.events.records import (
 from nvtrain.worker import stopping
 from nvtrain.worker.context import Context
 from nvtrain.worker.faults import FaultInjector
+from nvtrain.worker.gloo_cut import GlooLinks
 from nvtrain.worker.heartbeat import KEEP_ALIVE_FALLBACK, Heartbeat
 from nvtrain.worker.settings import WorkerSettings, load_settings
 
@@ -55,6 +56,8 @@ class _Current:
     """The attempt in progress, so the abort step (another thread) can reach it."""
 
     context: Context | None = None
+    links: GlooLinks | None = None
+    """The attempt's gloo connections, cut when an in-process restart begins (``gloo_cut``)."""
 
 
 def _backend(choice: str) -> str:
@@ -80,13 +83,16 @@ def _attempt(
         if _backend(policy.job.backend) == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         if store is not None:
-            dist.init_process_group(
-                _backend(policy.job.backend),
-                store=store,
-                rank=int(os.environ["RANK"]),
-                world_size=world,
-                timeout=timeout,
-            )
+            backend = _backend(policy.job.backend)
+            with GlooLinks.noting(enabled=backend == "gloo") as links:
+                dist.init_process_group(
+                    backend,
+                    store=store,
+                    rank=int(os.environ["RANK"]),
+                    world_size=world,
+                    timeout=timeout,
+                )
+            _Current.links = links
         else:
             dist.init_process_group(_backend(policy.job.backend), timeout=timeout)
     run_dir = Path(policy.checkpoint.dir) / settings.run_id
@@ -126,14 +132,24 @@ def _attempt(
             # peer arrives, and a dead peer never does.
             stopping.exit_now(signum)
         elif call_wrapper is not None:  # an in-process restart follows
+            # Peers blocked in a gloo collective with this rank are freed now, not at its timeout.
+            _cut_links()
             with contextlib.suppress(Exception):
                 ctx.settle(settle_limit(policy))
             ctx.abort()
         raise
     finally:
         _Current.context = None
+        _Current.links = None
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _cut_links() -> None:
+    links = _Current.links
+    if links is not None:
+        with contextlib.suppress(Exception):
+            links.cut()
 
 
 def settle_limit(policy: Policy) -> float:
@@ -336,6 +352,8 @@ def _run_in_process(
         can cut its own logging short; this (NVRx's monitor) thread is not interrupted."""
 
         def __call__(self, state: Any) -> Any:
+            # This rank's main thread, if blocked in a gloo collective, is freed first.
+            _cut_links()
             ctx = _Current.context
             if ctx is not None:
                 with contextlib.suppress(Exception):  # the abort must happen whatever
