@@ -334,7 +334,7 @@ def test_log_options_go_to_ft_launcher_before_the_entrypoint(
         f"--log-dir={tmp_path / 'logs'}",
         "--local-ranks-filter=0,1",
         "-m",
-        "nvtrain.entry",
+        "nvtrain.zygote.client",  # a torchrun script starts warm by default
         "train.py",
     ]
     plan = _plan("--tee=2", "-r3", "--log-dir", str(tmp_path / "l"), "train.py")
@@ -343,9 +343,23 @@ def test_log_options_go_to_ft_launcher_before_the_entrypoint(
         "--redirects=3",
         f"--log-dir={tmp_path / 'l'}",
         "-m",
-        "nvtrain.entry",
+        "nvtrain.zygote.client",
         "train.py",
     ]
+
+
+def test_warm_start_is_the_default_and_no_warm_start_opts_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _script(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    warm = _plan("--nproc-per-node", "2", "train.py", "--lr", "1")
+    assert warm["zygote"] is not None and "--plain" in warm["zygote"]  # train.py does not use nvtrain.worker
+    assert warm["argv"][-4:] == ["nvtrain.zygote.client", "train.py", "--lr", "1"]
+    cold = _plan("--nproc-per-node", "2", "--no-warm-start", "train.py", "--no-warm-start")
+    assert cold["zygote"] is None
+    # nvtrain's flag before the script; the same word after it is the script's
+    assert cold["argv"][-4:] == ["-m", "nvtrain.entry", "train.py", "--no-warm-start"]
 
 
 def test_verbose_is_nvtrains_before_the_script_and_the_scripts_after(tmp_path: Path) -> None:

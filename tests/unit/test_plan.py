@@ -146,6 +146,7 @@ def plan_for(
 STANDALONE_HEAD = [
     "python3",
     "-m",
+    "nvtrain.launcher.ftmain",  # ft_launcher, its fixed waits shortened (nvtrain.launcher.ftmain)
     "nvidia_resiliency_ext.fault_tolerance.launcher",
     "--nnodes=1:1",
     "--nproc-per-node=2",
@@ -155,7 +156,7 @@ STANDALONE_HEAD = [
 ]
 STANDALONE_TIMINGS = [
     "--max-restarts=4",
-    "--monitor-interval=1",  # ft_launcher polls at most every second, whatever the monitors do
+    "--monitor-interval=0.1",  # torchrun's; a worker's exit wakes it at once (ftmain)
     "--term-timeout=90",
     "--workers-stop-timeout=15",  # capped at 15 s
     f"--ft-cfg-path={FT_CONFIG_PATH}",  # [heartbeat] as NVRx's config file; the CLI repeats what is set
@@ -227,6 +228,7 @@ def test_multinode_node0_nvrx_0_4_hosts_the_store() -> None:
     assert plan.argv == [
         "python3",
         "-m",
+        "nvtrain.launcher.ftmain",
         "nvidia_resiliency_ext.fault_tolerance.launcher",
         "--nnodes=3:4",
         "--nproc-per-node=8",
@@ -235,7 +237,7 @@ def test_multinode_node0_nvrx_0_4_hosts_the_store() -> None:
         f"--rdzv-id={RUN_ID}",
         "--rdzv-conf=is_host=1,join_timeout=91",  # 90.5 s rounded up
         "--max-restarts=2",
-        "--monitor-interval=0.5",
+        "--monitor-interval=0.1",
         "--term-timeout=10",
         "--workers-stop-timeout=10",
         "--local-addr=10.0.0.10",
@@ -265,6 +267,7 @@ def test_multinode_node2_nvrx_0_6_and_later(nvrx: NvrxVersion) -> None:
     assert plan.argv == [
         "python3",
         "-m",
+        "nvtrain.launcher.ftmain",
         "nvidia_resiliency_ext.fault_tolerance.launcher",
         "--nnodes=3:4",
         "--nproc-per-node=8",
@@ -273,7 +276,7 @@ def test_multinode_node2_nvrx_0_6_and_later(nvrx: NvrxVersion) -> None:
         f"--rdzv-id={RUN_ID}",
         "--rdzv-conf=is_host=0,join_timeout=91,store_connect_wait_seconds=91",
         "--max-restarts=2",
-        "--monitor-interval=0.5",
+        "--monitor-interval=0.1",
         "--term-timeout=10",
         "--workers-stop-timeout=10",
         "--local-addr=10.0.0.12",
@@ -395,7 +398,7 @@ def test_shell_line_quotes_and_puts_env_first() -> None:
     line = plan.shell()
     assert line.startswith(f"GROUP_RANK=0 NCCL_NVLS_ENABLE=0 NVTRAIN_EVENTS={EVENTS_PATH} ")
     assert line.endswith("train.py --name 'two words'")
-    assert "python3 -m nvidia_resiliency_ext.fault_tolerance.launcher --nnodes=1:1" in line
+    assert "python3 -m nvtrain.launcher.ftmain nvidia_resiliency_ext.fault_tolerance.launcher --nnodes=1:1" in line
 
 
 # -- [rendezvous] store = "control": the store in a pod of its own ------------------------------

@@ -8,7 +8,7 @@ NVRx in-process restart) through one fault of every kind that matters for the su
 
 The faulty run has ``[job] warm_start = true``: the workers that replace a killed group are
 forked from the warm-start server, and ft_launcher knows each by the pid it started (the
-client). The clean run starts cold, as by default: after the run the warm, faulty state is
+client). The clean run starts cold (``warm_start = false``): after the run the warm, faulty state is
 bitwise the cold, clean one (every restore, after a SIGKILL too, read the host copy in
 /dev/shm), nothing the run started (nor the server, nor the host copies) is left, and no
 recovery phase in ``nvtrain report`` waited out a stop timeout. The 2-rank variant of the same

@@ -5,7 +5,7 @@ every step, and the events log shows which layer recovered each fault; ``tune-in
 
 Both runs are real ``nvtrain run`` jobs (ft_launcher, 2 gloo ranks, NVRx in-process restart),
 started once for the module; each test below checks one property of the pair. The clean run
-starts cold, as by default; the faulty run's workers are forked from the pod's warm-start server
+starts cold (``warm_start = false``); the faulty run's workers are forked from the pod's warm-start server
 (``[job] warm_start = true``), so that its four in-job restarts do not import torch eight times
 over (the cold path's in-job restarts are proven by tests/process/test_run_faults.py and the
 multi-node runs).
@@ -63,6 +63,7 @@ def _tables(checkpoint_dir: Path) -> dict[str, dict[str, Any]]:
             "backend": "gloo",
             "collective_timeout": "4s",
             "stop_timeout": "5s",
+            "warm_start": False,  # the clean run starts cold; the faulty one sets true
         },
         "rendezvous": {"nodes": 1, "port": free_port_pair(), "join_timeout": "60s"},
         # The brief asked for a heartbeat timeout of 8s, which `nvtrain validate` rejects next to

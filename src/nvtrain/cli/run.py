@@ -128,6 +128,13 @@ def command(
         int | None,
         typer.Option("--master-port", "--master_port", metavar="PORT", help="[rendezvous] port."),
     ] = None,
+    no_warm_start: Annotated[
+        bool,
+        typer.Option(
+            "--no-warm-start",
+            help="[job] warm_start = false: every worker is a new interpreter (no warm-start server).",
+        ),
+    ] = False,
     tee: Annotated[
         str | None,
         typer.Option("-t", "--tee", metavar="0-3|R:N,...", help="ft_launcher's --tee (as torchrun's)."),
@@ -214,6 +221,7 @@ def command(
         max_restarts=max_restarts,
         standalone=standalone,
         master_port=master_port,
+        no_warm_start=no_warm_start,
     )
     options = launcher_options(
         tee=tee, redirects=redirects, log_dir=log_dir, local_ranks_filter=local_ranks_filter

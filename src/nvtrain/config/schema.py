@@ -83,13 +83,16 @@ class Job(BaseModel):
     """Path of the training script each worker runs (like `torchrun train.py`). Give either
     `script` or `module`."""
 
-    warm_start: bool = False
-    """Start workers warm: `nvtrain run` keeps an interpreter with torch, NVRx and the script's
-    imports loaded (CUDA not initialised) and forks each worker from it, so a worker that
-    replaces a killed one skips the interpreter start and the imports. Signals, exit codes and
-    output are the worker's own, as ft_launcher expects. The first workers wait for the server's
-    imports (one import per pod instead of one per worker); a worker starts cold when the server
-    refuses to serve or is gone."""
+    warm_start: bool = True
+    """Start workers warm (on unless set to false): `nvtrain run` keeps an interpreter with torch
+    and the script's top-level imports loaded (NVRx and nvtrain's worker library too when the
+    script uses it; CUDA not initialised) and forks each worker from it, so a worker that replaces
+    a killed one skips the interpreter start and the imports. Signals, exit codes and output are
+    the worker's own, as ft_launcher expects. The first workers wait for the server's imports (one
+    import per pod instead of one per worker). Where forking is not safe (an import initialised
+    CUDA or started a thread) or the server cannot serve, the workers start cold and one line on
+    stderr says why; `false` skips the server (a script whose imports need CUDA, or must run in
+    each worker)."""
 
     module: str | None = None
     """Python module each worker runs (like `python -m mypkg.train`). Give either `script` or

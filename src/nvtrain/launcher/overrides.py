@@ -72,6 +72,8 @@ class Overrides:
     """``-m MODULE``: ``[job] module``."""
     script_args: tuple[str, ...] = ()
     """With ``script`` or ``module``: ``[job] args``."""
+    no_warm_start: bool = False
+    """``--no-warm-start``: ``[job] warm_start = false``."""
 
     def flags(self) -> dict[tuple[str, str], str]:
         """``{(table, key): flag as typed}`` for every key these overrides set."""
@@ -89,6 +91,8 @@ class Overrides:
             found["rendezvous", "port"] = f"--master-port {self.master_port}"
         if self.max_restarts is not None:
             found["restart.in_job", "max_restarts"] = f"--max-restarts {self.max_restarts}"
+        if self.no_warm_start:
+            found["job", "warm_start"] = "--no-warm-start"
         entry = f"-m {self.module}" if self.module is not None else self.script
         if entry is not None:
             for key in ("script", "module", "args"):
@@ -177,6 +181,7 @@ def resolve_run(
     max_restarts: int | None = None,
     standalone: bool = False,
     master_port: int | None = None,
+    no_warm_start: bool = False,
 ) -> Resolved:
     """What ``nvtrain run [TARGET] [ARGS]`` runs: TARGET is a policy file, or a training script
     (``is_script``, or any name after ``--policy FILE``); ``module`` is ``-m MODULE``; with a
@@ -199,6 +204,7 @@ def resolve_run(
         max_restarts=max_restarts,
         standalone=standalone,
         master_port=master_port,
+        no_warm_start=no_warm_start,
         script=script,
         module=module,
         script_args=args if entry else (),
@@ -263,6 +269,8 @@ def _apply(data: dict[str, Any], o: Overrides) -> None:
         job["args"] = list(o.script_args)
     if o.nproc_per_node is not None:
         job["nproc_per_node"] = o.nproc_per_node
+    if o.no_warm_start:
+        job["warm_start"] = False
     if o.standalone:
         rendezvous["nodes"] = 1
         rendezvous.pop("min_nodes", None)

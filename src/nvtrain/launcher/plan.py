@@ -44,6 +44,12 @@ FT_CONFIG_NAME = "ft_config.yaml"
 """NVRx's fault-tolerance config in the run's state folder (``--ft-cfg-path``)."""
 
 LAUNCHER_MODULE = "nvidia_resiliency_ext.fault_tolerance.launcher"
+FTMAIN = "nvtrain.launcher.ftmain"
+"""Runs ft_launcher (``LAUNCHER_MODULE``, its next word) with its fixed waits shortened."""
+MONITOR_INTERVAL = 0.1
+"""ft_launcher's ``--monitor-interval``, torchrun's default: how often it looks at its workers
+(a worker's exit also wakes it at once, ``ftmain``) and at the store for peers' restarts. The
+heartbeat checks run at ``[heartbeat] monitor_interval`` (``--ft-workload-check-interval``)."""
 ENTRY = "nvtrain.entry"
 ZYGOTE_CLIENT = "nvtrain.zygote.client"
 ZYGOTE_SERVER = "nvtrain.zygote.server"
@@ -230,6 +236,7 @@ def build_plan(
     argv = [
         python,
         "-m",
+        FTMAIN,
         LAUNCHER_MODULE,
         f"--nnodes={policy.min_nodes}:{r.nodes}",
         f"--nproc-per-node={job.nproc_per_node}",
@@ -238,7 +245,7 @@ def build_plan(
         f"--rdzv-id={rdzv_id}",
         f"--rdzv-conf={','.join(rdzv_conf)}",
         f"--max-restarts={policy.restart.in_job.max_restarts}",
-        f"--monitor-interval={_seconds(min(hb.monitor_interval, 1.0))}",
+        f"--monitor-interval={_seconds(MONITOR_INTERVAL)}",
         f"--term-timeout={_seconds(job.stop_timeout)}",
         f"--workers-stop-timeout={_seconds(min(job.stop_timeout, 15.0))}",
     ]
@@ -265,6 +272,8 @@ def build_plan(
         argv += ["-m", ZYGOTE_CLIENT, *target]
         zygote = [python, "-m", ZYGOTE_SERVER, "--socket", zygote_path]
         zygote += ["--module", str(job.module)] if job.module is not None else ["--script", str(job.script)]
+        if not worker_library:
+            zygote.append("--plain")
     else:
         # The script runs as ``python SCRIPT`` would, and its process skips the interpreter's
         # finalization at the end, where torch can abort a finished rank (nvtrain.entry).

@@ -70,8 +70,16 @@ BASE = (
     "nvtrain.worker.hostcopy",
     "xxhash",
 )
-"""Imported by every server: what a worker of nvtrain's library imports on its way to the first
-step, much of it inside functions."""
+"""Imported by the server of a script that uses nvtrain's worker library: what such a worker
+imports on its way to the first step, much of it inside functions."""
+
+PLAIN = ("torch", "torch.distributed")
+"""Imported by the server of a script that does not use the worker library (``--plain``), before
+the script's own imports: what every torchrun script needs, and nothing it would not import."""
+
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+"""Set while the server imports: ``torch.cuda.is_available()`` called by an import then asks
+NVML instead of initialising the CUDA driver, which would make every fork unable to use CUDA."""
 
 
 def script_imports(source: str) -> list[str]:
@@ -110,13 +118,14 @@ def _stop(_signum: int, _frame: object) -> None:
     sys.exit(0)
 
 
-def preload(script: str | None, module: str | None) -> list[str]:
+def preload(script: str | None, module: str | None, plain: bool = False) -> list[str]:
     """Import what the workers will import; returns the names that failed to import (a worker
     imports them itself, and fails there if it must)."""
     failed = []
     if script is not None:
         sys.path.insert(0, str(Path(script).resolve().parent))
-    for name in (*BASE, *script_imports(_source(script, module))):
+    os.environ.setdefault(NVML_CHECK, "1")  # the workers get their clients' environment
+    for name in (*(PLAIN if plain else BASE), *script_imports(_source(script, module))):
         try:
             importlib.import_module(name)
         except BaseException:  # noqa: BLE001 - anything a module does at import is its own
@@ -531,6 +540,7 @@ def main(argv: list[str] | None = None) -> None:
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--script")
     target.add_argument("--module")
+    parser.add_argument("--plain", action="store_true", help="the script does not use nvtrain.worker")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _stop)
     folder = Path(args.socket).parent
@@ -547,7 +557,7 @@ def main(argv: list[str] | None = None) -> None:
     # each (a SIGKILL or a crash closes the socket, and they start cold).
     listener = listen(args.socket)
     try:
-        failed = preload(args.script, args.module)
+        failed = preload(args.script, args.module, plain=args.plain)
         if failed:
             print(
                 f"nvtrain warm start: not preloaded (the workers import them): {', '.join(failed)}",
@@ -559,7 +569,11 @@ def main(argv: list[str] | None = None) -> None:
             listener.close()
             with contextlib.suppress(OSError):
                 os.unlink(args.socket)
-            print(f"nvtrain warm start: off, workers start cold: {unsafe}", file=sys.stderr)
+            print(
+                f"nvtrain warm start: off, workers start cold: {unsafe} "
+                "([job] warm_start = false skips the server)",
+                file=sys.stderr,
+            )
             signal.pause()
             return
         Server(args.socket, listener).serve()

@@ -1,0 +1,261 @@
+"""ft_launcher as ``nvtrain run`` starts it:
+``python -m nvtrain.launcher.ftmain nvidia_resiliency_ext.fault_tolerance.launcher ARGS``.
+
+The same program as ``python -m nvidia_resiliency_ext.fault_tolerance.launcher ARGS`` (NVRx's
+own module and ``main()``, same arguments, same exit codes), with three fixed waits of the
+launcher process replaced by waits that end when what they wait for has happened. Nothing of
+NVRx is copied: each change wraps one of its functions, is made only where the NVRx in use has
+the exact function it expects, and leaves NVRx as it is otherwise (``tune`` says what it did).
+
+- **A worker's exit is seen when it happens** (every version). ft_launcher's monitor loop sleeps
+  ``--monitor-interval`` between looks at its workers; here that sleep also ends when one of the
+  launcher's child processes exits (a pidfd per child becomes readable). Detection of a dead
+  worker no longer waits for the next tick; hangs keep their own timeouts.
+- **No fixed second after stopping the workers** (0.6 and later). NVRx's clean-up of orphans in
+  the workers' process groups sends SIGTERM, sleeps one second, then SIGKILL, on every restart
+  and at the end of every run. Here it sends SIGTERM and waits at most that second for the
+  groups to be empty, then SIGKILLs what is left.
+- **No fixed second before joining the next round** (0.6 and later, barrier rendezvous). A
+  launcher that restarts its workers enters the round's wait with its round counter one behind;
+  NVRx's wait then syncs the counter, but sleeps one second before it looks again. Here the
+  counter is synced before the wait (what its first pass does anyway), so an open round is
+  joined at once. Hot spares and nodes waiting for a round that is not open yet poll as before.
+- **No exit grace when no other node can read the store** (0.7, one node). The launcher that
+  hosts the rendezvous store waits 3 s before it exits, so that other nodes can read the store's
+  final state; in a job of one node (``--nnodes=1:1``) there is no other node, and that wait is
+  skipped.
+
+``NVTRAIN_FT_TUNING=off`` in ``nvtrain run``'s environment runs ft_launcher untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import os
+import select
+import signal
+import sys
+import time
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from nvtrain.nvrx import NvrxVersion, installed_nvrx
+
+__all__ = [
+    "TUNING_ENV",
+    "ChildExits",
+    "main",
+    "monitor_interval",
+    "one_node",
+    "option",
+    "prompt_group_cleanup",
+    "tune",
+]
+
+LAUNCHER = "nvidia_resiliency_ext.fault_tolerance.launcher"
+BARRIER = "nvidia_resiliency_ext.fault_tolerance.ft_rendezvous_barrier"
+GROUP_GRACE = 1.0
+"""At most this long after SIGTERM before the workers' process groups get SIGKILL (NVRx's
+fixed wait)."""
+
+
+class ChildExits:
+    """Waits that end early when a child process of this one exits (pidfds, Linux 5.3+)."""
+
+    def __init__(self) -> None:
+        self.fds: dict[int, int] = {}
+        """Child pid -> its pidfd."""
+        self.ended: set[int] = set()
+        """Children whose exit an earlier wait has seen already (not yet reaped)."""
+
+    def children(self) -> set[int]:
+        pids: set[int] = set()
+        with contextlib.suppress(OSError):
+            for task in os.listdir("/proc/self/task"):
+                with contextlib.suppress(OSError):
+                    text = Path(f"/proc/self/task/{task}/children").read_text(encoding="ascii")
+                    pids.update(int(word) for word in text.split())
+        return pids
+
+    def _refresh(self) -> None:
+        live = self.children()
+        for pid in [p for p in self.fds if p not in live]:
+            os.close(self.fds.pop(pid))
+            self.ended.discard(pid)
+        for pid in live - set(self.fds):
+            with contextlib.suppress(OSError):
+                self.fds[pid] = os.pidfd_open(pid)
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep ``seconds``, or less when a child exits meanwhile (True then). A child that had
+        ended before (seen by an earlier wait, not reaped yet) does not end the wait again."""
+        try:
+            self._refresh()
+        except OSError:
+            time.sleep(seconds)
+            return False
+        poller = select.poll()
+        for pid, fd in self.fds.items():
+            if pid not in self.ended:
+                poller.register(fd, select.POLLIN)
+        ready = poller.poll(max(0.0, seconds) * 1000)
+        if not ready:
+            return False
+        by_fd = {fd: pid for pid, fd in self.fds.items()}
+        self.ended.update(by_fd[fd] for fd, _ in ready if fd in by_fd)
+        return True
+
+
+EXIT_GRACE = "_wait_grace"
+"""The function in which NVRx 0.7's store host waits before it exits (see the module's text)."""
+
+
+class _Clock(types.ModuleType):
+    """The ``time`` module as NVRx's launcher sees it: ``sleep(monitor_interval)`` is a
+    :class:`ChildExits` wait, the store host's exit grace is skipped in a job of one node
+    (``alone``), every other name is the real module's."""
+
+    def __init__(self, interval: float, exits: ChildExits, alone: bool) -> None:
+        super().__init__("time")
+        self._interval = interval
+        self._exits = exits
+        self._alone = alone
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    def sleep(self, seconds: float) -> None:
+        if seconds == self._interval and seconds > 0:
+            self._exits.wait(seconds)
+        elif self._alone and sys._getframe(1).f_code.co_name == EXIT_GRACE:
+            return
+        else:
+            time.sleep(seconds)
+
+
+def option(argv: list[str], *flags: str) -> str | None:
+    """The value of the first of ``flags`` in ft_launcher's arguments (``=`` or the next word)."""
+    for k, word in enumerate(argv):
+        for flag in flags:
+            if word.startswith(flag + "="):
+                return word.partition("=")[2]
+            if word == flag and k + 1 < len(argv):
+                return argv[k + 1]
+    return None
+
+
+def monitor_interval(argv: list[str]) -> float | None:
+    """``--monitor-interval``'s value in ft_launcher's arguments."""
+    value = option(argv, "--monitor-interval", "--monitor_interval")
+    with contextlib.suppress(TypeError, ValueError):
+        return float(value)  # type: ignore[arg-type]
+    return None
+
+
+def one_node(argv: list[str]) -> bool:
+    """Whether ``--nnodes`` allows one node at most (``1`` or ``1:1``)."""
+    value = option(argv, "--nnodes")
+    return value is not None and value.strip().split(":")[-1] == "1"
+
+
+def _groups_alive(pgids: set[int]) -> set[int]:
+    alive = set()
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            continue
+        except OSError:
+            pass
+        alive.add(pgid)
+    return alive
+
+
+def prompt_group_cleanup(allowed_pgids: set[int]) -> None:
+    """NVRx 0.6+'s ``terminate_mp_processes(allowed_pgids)``, without its fixed second: SIGTERM
+    to each group, at most ``GROUP_GRACE`` seconds for them to be empty, SIGKILL to the rest.
+    Never raises (a clean-up of leftovers)."""
+    pgids = set(allowed_pgids)
+    if 1 in pgids or not pgids:  # NVRx's own guard (simulated nodes whose monitors have pgid 1)
+        return
+    for pgid in pgids:
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + GROUP_GRACE
+    alive = _groups_alive(pgids)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.01)
+        alive = _groups_alive(alive)
+    for pgid in alive:
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def _params(function: Any) -> list[str] | None:
+    try:
+        return list(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def _synced_first(wait: Callable[..., Any]) -> Callable[..., Any]:
+    def wait_for_open_round(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with contextlib.suppress(Exception):  # the wait's own first pass does it again
+            self._sync_from_per_round_state()
+        return wait(self, *args, **kwargs)
+
+    wait_for_open_round.__wrapped__ = wait  # type: ignore[attr-defined]
+    return wait_for_open_round
+
+
+def tune(launcher: types.ModuleType, version: NvrxVersion | None, argv: list[str]) -> list[str]:
+    """Make the changes this NVRx allows in the imported ``launcher`` module (and its barrier
+    rendezvous) for ft_launcher's arguments ``argv``; returns what was changed, for the log."""
+    done = []
+    clock, interval = getattr(launcher, "time", None), monitor_interval(argv)
+    if interval is not None and interval > 0 and isinstance(clock, types.ModuleType):
+        alone = one_node(argv) and version is not None and version.barrier_rendezvous
+        launcher.time = _Clock(interval, ChildExits(), alone)  # type: ignore[attr-defined]
+        done.append("monitor loop woken by child exits")
+        if alone:
+            done.append("no exit grace (one node)")
+    if version is None or not version.barrier_rendezvous:
+        return done
+    cleanup = getattr(launcher, "terminate_mp_processes", None)
+    if callable(cleanup) and _params(cleanup) == ["allowed_pgids"]:
+        launcher.terminate_mp_processes = prompt_group_cleanup  # type: ignore[attr-defined]
+        done.append("worker groups cleaned up without a fixed second")
+    try:
+        barrier = importlib.import_module(BARRIER)
+    except ImportError:
+        return done
+    state = getattr(barrier, "_RendezvousBarrierState", None)
+    wait = getattr(state, "_wait_for_rendezvous_open", None)
+    if state is not None and callable(wait) and callable(getattr(state, "_sync_from_per_round_state", None)):
+        state._wait_for_rendezvous_open = _synced_first(wait)
+        done.append("round counter synced before the wait for an open round")
+    return done
+
+
+TUNING_ENV = "NVTRAIN_FT_TUNING"
+"""``off``: ft_launcher runs as NVRx ships it."""
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1] != LAUNCHER:
+        sys.exit(f"usage: python -m nvtrain.launcher.ftmain {LAUNCHER} [ft_launcher's arguments]")
+    launcher = importlib.import_module(LAUNCHER)
+    argv = sys.argv[2:]
+    if os.environ.get(TUNING_ENV, "").lower() not in ("off", "0", "false", "no"):
+        done = tune(launcher, installed_nvrx(), argv)
+        print(f"nvtrain: ft_launcher: {'; '.join(done) or 'as shipped'}", file=sys.stderr, flush=True)
+    sys.argv = [str(launcher.__file__), *argv]
+    launcher.main()
+
+
+if __name__ == "__main__":
+    main()
