@@ -398,7 +398,7 @@ def test_shell_line_quotes_and_puts_env_first() -> None:
     line = plan.shell()
     assert line.startswith(f"GROUP_RANK=0 NCCL_NVLS_ENABLE=0 NVTRAIN_EVENTS={EVENTS_PATH} ")
     assert line.endswith("train.py --name 'two words'")
-    assert "python3 -m nvtrain.launcher.ftmain nvidia_resiliency_ext.fault_tolerance.launcher --nnodes=1:1" in line
+    assert f"python3 -m nvtrain.launcher.ftmain {LAUNCHER_MODULE} --nnodes=1:1" in line
 
 
 # -- [rendezvous] store = "control": the store in a pod of its own ------------------------------
