@@ -83,8 +83,14 @@ CONTROL = MINIMAL + 'nproc_per_node = 8\n[rendezvous]\nnodes = 4\nstore = "contr
 """4 pods of 8 GPUs and the rendezvous store in a control pod of its own."""
 
 
+def starter_two_nodes() -> str:
+    """The starter policy on 2 pods: the multi-node job the manifest tests render (the starter
+    leaves ``[rendezvous] nodes`` unset, a derived default: 1 node)."""
+    return set_keys(starter_text("policy.toml"), {("rendezvous", "nodes"): "2"})
+
+
 def starter_named(name: str) -> str:
-    return set_keys(starter_text("policy.toml"), {("job", "name"): f'"{name}"'})
+    return set_keys(starter_two_nodes(), {("job", "name"): f'"{name}"'})
 
 
 def schema_errors(obj: dict[str, Any], version: str) -> str | None:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from templates_helpers import CONTROL, MINIMAL, by_kind, load_all, with_control_store
+from templates_helpers import CONTROL, MINIMAL, by_kind, load_all, starter_two_nodes, with_control_store
 from typer.testing import CliRunner
 
 from nvtrain.cli import app
-from nvtrain.templates.init import starter_text
 from nvtrain.templates.manifest import ManifestOptions, dump, notes, render
 
 runner = CliRunner()
@@ -59,7 +58,7 @@ def test_writes_a_file_and_lists_its_objects(tmp_path: Path) -> None:
 def test_every_option_reaches_the_objects(tmp_path: Path) -> None:
     args = [
         "manifest",
-        str(write(tmp_path, starter_text("policy.toml"))),
+        str(write(tmp_path, starter_two_nodes())),
         "--gpus=8",
         "--efa=32",
         "--resource=rdma/hca_shared_devices_a=1",
@@ -96,7 +95,7 @@ def test_every_option_reaches_the_objects(tmp_path: Path) -> None:
 
 
 def test_jobset_flag(tmp_path: Path) -> None:
-    text = starter_text("policy.toml").replace('name = "my-training"', 'name = "my-training-workers-0"')
+    text = starter_two_nodes().replace('name = "my-training"', 'name = "my-training-workers-0"')
     result = runner.invoke(app, ["manifest", str(write(tmp_path, text)), "--jobset"])
     assert result.exit_code == 0, result.output
     assert [o["kind"] for o in load_all(result.stdout)] == ["ConfigMap", "NetworkPolicy", "JobSet"]
@@ -113,7 +112,7 @@ def test_control_store_lists_the_control_job_and_puts_it_into_the_jobset(tmp_pat
     assert "Job llm-train-control" in result.stdout
     names = [o["metadata"]["name"] for o in load_all(out.read_text(encoding="utf-8")) if o["kind"] == "Job"]
     assert names == ["llm-train-control", "llm-train"]
-    text = with_control_store(starter_text("policy.toml").replace('"my-training"', '"my-training-workers-0"'))
+    text = with_control_store(starter_two_nodes().replace('"my-training"', '"my-training-workers-0"'))
     jobset = runner.invoke(app, ["manifest", str(write(tmp_path, text)), "--jobset"])
     assert jobset.exit_code == 0, jobset.output
     [only] = [o for o in load_all(jobset.stdout) if o["kind"] == "JobSet"]

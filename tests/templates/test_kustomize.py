@@ -21,12 +21,11 @@ from typing import Any
 
 import pytest
 import yaml
-from templates_helpers import policy_of, starter_named, with_control_store
+from templates_helpers import policy_of, starter_named, starter_two_nodes, with_control_store
 from typer.testing import CliRunner
 
 from nvtrain.cli import app
 from nvtrain.launcher.identity import identify
-from nvtrain.templates.init import starter_text
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBECTL = shutil.which("kubectl")
@@ -95,7 +94,7 @@ def without_configuration(kustomization: str) -> str:
     return naive
 
 
-STARTER = starter_text("policy.toml")
+STARTER = starter_two_nodes()
 
 
 def test_the_documented_kustomization_renames_the_subdomain_with_the_service(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from templates_helpers import (
     schema_errors,
     set_keys,
     starter_named,
+    starter_two_nodes,
     with_control_store,
 )
 
@@ -223,7 +224,7 @@ def test_grace_period_is_stop_timeout_plus_margin(stop: str, grace: int) -> None
 
 
 def test_gpus_follow_nproc_per_node() -> None:
-    starter = starter_text("policy.toml")  # nproc_per_node = 8, backend = "auto"
+    starter = starter_two_nodes()  # nproc_per_node = 8, backend = "auto"
     resources = container(objects_of(starter))["resources"]
     # CPU and memory by default too (tests/templates/test_manifest_platform.py), sized for 8 ranks.
     assert resources == {
@@ -248,7 +249,7 @@ def test_gpus_follow_nproc_per_node() -> None:
 
 
 def test_in_process_restart_on_gpus_sets_the_nccl_variables_nvrx_needs() -> None:
-    starter = starter_text("policy.toml")
+    starter = starter_two_nodes()
     env = env_of(objects_of(starter))
     assert env["NCCL_NVLS_ENABLE"] == "0"
     assert env["TORCH_NCCL_RETHROW_CUDA_ERRORS"] == "0"
@@ -259,7 +260,7 @@ def test_in_process_restart_on_gpus_sets_the_nccl_variables_nvrx_needs() -> None
 
 
 def test_efa_rdma_cpu_memory_node_selector_env_and_labels() -> None:
-    objects = objects_of(starter_text("policy.toml"), P5)
+    objects = objects_of(starter_two_nodes(), P5)
     c = container(objects)
     assert c["resources"] == {
         "requests": {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32, "cpu": "90", "memory": "900Gi"},
@@ -339,7 +340,7 @@ EIGHT = MINIMAL + "nproc_per_node = 8\n"
 OWN_DIR = EIGHT + '[checkpoint]\nmemory_dir = "/hostcopy"\n'
 """The host copies in a memory-backed folder of their own."""
 CPU_RANKS = set_keys(
-    starter_text("policy.toml"),
+    starter_two_nodes(),
     {
         ("job", "backend"): '"gloo"',
         ("job", "collective_timeout"): '"45s"',
@@ -746,12 +747,12 @@ def test_golden_minimal_policy() -> None:
 
 
 def test_golden_starter_policy() -> None:
-    """The policy `nvtrain init` writes, with the default options."""
-    check_golden("starter.yaml", dump(objects_of(starter_text("policy.toml"))))
+    """The policy `nvtrain init` writes, set for 2 nodes, with the default options."""
+    check_golden("starter.yaml", dump(objects_of(starter_two_nodes())))
 
 
 def test_golden_p5_options() -> None:
-    check_golden("starter_p5.yaml", dump(objects_of(starter_text("policy.toml"), P5)))
+    check_golden("starter_p5.yaml", dump(objects_of(starter_two_nodes(), P5)))
 
 
 def test_golden_control_store() -> None:
@@ -815,13 +816,13 @@ UNUSUAL_OPTIONS = ManifestOptions(
 SCHEMA_CASES = {
     "minimal": (MINIMAL, ManifestOptions()),
     "metrics": (METRICS_ON, ManifestOptions()),
-    "starter": (starter_text("policy.toml"), ManifestOptions()),
-    "starter-p5": (starter_text("policy.toml"), P5),
+    "starter": (starter_two_nodes(), ManifestOptions()),
+    "starter-p5": (starter_two_nodes(), P5),
     "jobset": (starter_named("llm-workers-0"), ManifestOptions(jobset=True)),
     "jobset-p5": (starter_named("llm-workers-0"), dataclasses.replace(P5, jobset=True)),
     "gloo-cpu": (
         set_keys(
-            starter_text("policy.toml"),
+            starter_two_nodes(),
             {
                 ("job", "backend"): '"gloo"',
                 ("job", "collective_timeout"): '"45s"',
@@ -835,7 +836,7 @@ SCHEMA_CASES = {
     "control-p5": (CONTROL, P5),
     "control-metrics": (CONTROL + "[metrics]\nenabled = true\n", ManifestOptions()),
     "unusual-control": (with_control_store(UNUSUAL.replace(LONG_NAME, LONG_CONTROL_NAME)), UNUSUAL_OPTIONS),
-    "host-copy-shm": (starter_text("policy.toml"), dataclasses.replace(P5, state_per_rank="20Gi")),
+    "host-copy-shm": (starter_two_nodes(), dataclasses.replace(P5, state_per_rank="20Gi")),
     "host-copy-volume": (
         EIGHT + '[checkpoint]\nmemory_dir = "/var/run/nvtrain hostcopy"\n',
         dataclasses.replace(P5, state_per_rank="2500M"),

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from templates_helpers import set_keys, starter_named
+from templates_helpers import set_keys, starter_named, starter_two_nodes
 from typer.testing import CliRunner, Result
 
 from nvtrain.cli import app
@@ -21,7 +21,7 @@ from nvtrain.templates.nvrx_pin import NVRX_ANNOTATION
 
 runner = CliRunner()
 
-STARTER = starter_text("policy.toml")
+STARTER = starter_two_nodes()
 MIN_HEALTHY = set_keys(STARTER, {("restart.in_job", "policy"): '"min-healthy"'})
 """Valid on NVRx 0.4 only: 0.6 removed the min-healthy restart policy."""
 

@@ -25,6 +25,7 @@ from templates_helpers import (
     policy_of,
     set_keys,
     starter_named,
+    starter_two_nodes,
     with_control_store,
 )
 from typer.testing import CliRunner
@@ -39,7 +40,7 @@ from nvtrain.templates.quantity import parse_quantity
 
 runner = CliRunner()
 
-STARTER = starter_text("policy.toml")
+STARTER = starter_two_nodes()
 """8 ranks per pod, 2 pods, the host copies in /dev/shm with the peer copy."""
 JOBSET_CONTROL = with_control_store(starter_named("llm-workers-0"))
 """The starter as a JobSet (job name llm-workers-0) with the rendezvous store in a control pod."""

@@ -10,14 +10,13 @@ from typing import Any
 
 import pytest
 import yaml
-from templates_helpers import starter_named, with_control_store
+from templates_helpers import starter_named, starter_two_nodes, with_control_store
 from typer.testing import CliRunner
 
 from nvtrain.cli import app
-from nvtrain.templates.init import starter_text
 
 runner = CliRunner()
-STARTER = starter_text("policy.toml")  # [job] name and [rendezvous] service "my-training"
+STARTER = starter_two_nodes()  # [job] name and [rendezvous] service "my-training"
 
 Docs = list[dict[str, Any]]
 

@@ -207,7 +207,7 @@ def command(
     not found in time; 4 the same fault repeats without progress; 128+N stopped by signal N.
     """
     from nvtrain.launcher.identity import identify
-    from nvtrain.launcher.overrides import launcher_options, resolve_run
+    from nvtrain.launcher.overrides import launcher_options, on_this_node, resolve_run
     from nvtrain.launcher.rundir import prepare
     from nvtrain.launcher.supervisor import supervise
 
@@ -227,7 +227,8 @@ def command(
         tee=tee, redirects=redirects, log_dir=log_dir, local_ranks_filter=local_ranks_filter
     )
     identity = identify(resolved.policy, run_id=run_id)
-    plan, paths = prepare(resolved.policy, identity, extra_args=resolved.extra_args, launcher_options=options)
+    policy = on_this_node(resolved.policy, identity.has_gpu)
+    plan, paths = prepare(policy, identity, extra_args=resolved.extra_args, launcher_options=options)
     if dry_run:
         typer.echo(json.dumps(plan.to_dict(), indent=2))
         return
@@ -238,9 +239,7 @@ def command(
     from nvtrain.cli import _console
 
     try:
-        outcome = supervise(
-            plan, resolved.policy, identity, paths, report=_console.event_reporter(), verbose=verbose
-        )
+        outcome = supervise(plan, policy, identity, paths, report=_console.event_reporter(), verbose=verbose)
     except KeyboardInterrupt:
         raise typer.Exit(signal_exit_code(signal.SIGINT)) from None
     raise typer.Exit(outcome.exit_code)

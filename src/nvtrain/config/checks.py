@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from nvtrain.config.checks_backend import auto_backend
 from nvtrain.config.derive import MAX_DURATION
 from nvtrain.config.duration import format_duration, is_duration_field
 from nvtrain.config.schema import Policy
@@ -691,6 +692,7 @@ _RULES: tuple[Rule, ...] = (
     _sizes,
     _heartbeat,
     _in_process,
+    auto_backend,
     _recovery,
     _durations,
     _checkpoint,

@@ -8,13 +8,18 @@ of an unset key satisfies the keys it depends on, the plain default stays and th
 the conflict (naming the key as derived).
 
 ``docs/policy.md`` ("Derived defaults") lists the rules; each field's docstring repeats its own.
+
+``backend = "auto"`` becomes NCCL or gloo only where the workers run (gloo without CUDA), which
+``nvtrain validate`` cannot know: it takes ``"auto"`` for NCCL unless ``nproc_per_node = "cpu"``.
+A worker passes the backend it resolved (``backend=``), so that a collective timeout the file
+leaves unset follows the gloo rule on a machine without a GPU.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, TypeGuard
+from typing import Any, Literal, TypeGuard
 
 from pydantic import BaseModel
 
@@ -23,6 +28,7 @@ from nvtrain.config.duration import parse_duration
 __all__ = [
     "CHECKPOINT_INTERVAL",
     "COLLECTIVE_TIMEOUT",
+    "DERIVED_KEYS",
     "ESCALATE_AFTER",
     "HARD_TIMEOUT",
     "MAX_DURATION",
@@ -30,7 +36,9 @@ __all__ = [
     "MONITOR_INTERVAL",
     "RENDEZVOUS_PORT",
     "SOFT_TIMEOUT",
+    "Backend",
     "derive_defaults",
+    "gloo_collective_timeout",
 ]
 
 MAX_DURATION = 365 * 86400.0
@@ -44,6 +52,24 @@ CHECKPOINT_INTERVAL = 1000
 ESCALATE_AFTER = 3
 RENDEZVOUS_PORT = 29500
 METRICS_PORT = 9464
+
+DERIVED_KEYS = frozenset(
+    {
+        "heartbeat.monitor_interval",
+        "restart.in_process.hard_timeout",
+        "restart.in_process.soft_timeout",
+        "job.collective_timeout",
+        "metrics.port",
+        "rendezvous.port",
+        "rendezvous.nodes",
+        "checkpoint.interval",
+        "restart.escalate_after",
+    }
+)
+"""Every key whose default may be derived (``"table.key"``); ``Policy.derived`` names those that were."""
+
+Backend = Literal["nccl", "gloo"]
+"""A backend as the workers use it: what ``"auto"`` resolves to."""
 
 _MARGIN = 2 / 3
 """A derived timeout that must stay below another one takes at most this fraction of it."""
@@ -94,11 +120,13 @@ class _Draft:
             return None
         return seconds if seconds <= MAX_DURATION else None
 
-    def put(self, path: _Path, value: object, follows: str) -> None:
-        """Set the unset key ``path`` to ``value`` (copying the tables on the way)."""
-        assert not self.given(path)
+    def put(self, path: _Path, value: object, follows: str | None) -> None:
+        """Set the unset key ``path`` to ``value`` (copying the tables on the way), as derived
+        from what it ``follows`` (None: written out with the value it has anyway)."""
+        assert not self.given(path) and ".".join(path) in DERIVED_KEYS
         self.data = _with(self.data, path, value)
-        self.derived[".".join(path)] = follows
+        if follows is not None:
+            self.derived[".".join(path)] = follows
 
 
 def _with(node: Any, path: _Path, value: object) -> dict[str, Any]:
@@ -127,15 +155,19 @@ def _between(preferred: float, lo: float | None, hi: float | None) -> float:
     return preferred
 
 
-def derive_defaults(data: Any) -> tuple[Any, dict[str, str]]:
+def derive_defaults(data: Any, *, backend: Backend | None = None) -> tuple[Any, dict[str, str]]:
     """``data`` with the derived defaults filled in, and ``{"table.key": what it follows}``
     for each key derived. ``data`` itself is not changed; anything but a table is returned
-    as it is (the model reports it)."""
+    as it is (the model reports it).
+
+    ``backend``: what ``backend = "auto"`` resolves to on the workers' machine (None: as
+    ``nvtrain validate`` sees it, gloo with ``nproc_per_node = "cpu"`` and NCCL otherwise). It
+    decides only the collective timeout, when the data leaves that unset (``_in_process``)."""
     if not isinstance(data, dict):
         return data, {}
     d = _Draft(data)
     _heartbeat(d)
-    _in_process(d)
+    _in_process(d, backend)
     _ports(d)
     _sizes(d)
     return d.data, d.derived
@@ -166,15 +198,18 @@ def _heartbeat(d: _Draft) -> None:
         d.put(path, _round(shortest / 5), f"a fifth of [heartbeat] {key}")
 
 
-def _backend(d: _Draft) -> str:
-    """The backend the workers will use, as the checks see it (``auto`` on CPU jobs is gloo)."""
+def _backend(d: _Draft, resolved: Backend | None = None) -> str:
+    """The backend the workers will use: ``resolved`` for ``auto`` when given, else as the
+    checks see it (``auto`` on CPU jobs is gloo)."""
     backend = d.value(("job", "backend")) if d.given(("job", "backend")) else "auto"
     if backend == "auto":
+        if resolved is not None:
+            return resolved
         return "gloo" if d.value(("job", "nproc_per_node")) == "cpu" else "nccl"
     return str(backend)
 
 
-def _in_process(d: _Draft) -> None:
+def _in_process(d: _Draft, resolved: Backend | None) -> None:
     """``[restart.in_process]`` soft and hard timeouts, and ``[job] collective_timeout``.
 
     The order kept: failure_window < soft_timeout < hard_timeout < [heartbeat] timeout; with
@@ -182,7 +217,15 @@ def _in_process(d: _Draft) -> None:
     table = ("restart", "in_process")
     if d.given((*table, "enabled")) and d.value((*table, "enabled")) is False:
         return
-    gloo = _backend(d) == "gloo"
+    # What "auto" resolved to counts only where it differs from validate's view, and only for a
+    # collective timeout left unset: the backend then bounds neither the soft nor the hard
+    # timeout (it does so through a collective timeout that is set), so the workers keep those
+    # `nvtrain validate` showed. All three are written out, so that validating the result under
+    # validate's view derives nothing more. An explicit collective timeout stays as written
+    # (validate warns when it breaks the gloo rule: checks_backend.py).
+    collective_path = ("job", "collective_timeout")
+    resolving = resolved is not None and _backend(d) != _backend(d, resolved) and not d.given(collective_path)
+    gloo = _backend(d, resolved if resolving else None) == "gloo"
     collective = d.seconds(("job", "collective_timeout"))
     soft = d.seconds((*table, "soft_timeout"))
     # What the soft timeout must exceed (and so the hard one too), and what the hard one must not reach.
@@ -213,6 +256,8 @@ def _in_process(d: _Draft) -> None:
     hard = d.seconds(hard_path) if d.given(hard_path) else HARD_TIMEOUT
     if hard is None:
         return  # an invalid hard_timeout: its own finding says so
+    if resolving and not d.given(hard_path):
+        d.put(hard_path, HARD_TIMEOUT, None)
 
     soft_path = (*table, "soft_timeout")
     if not d.given(soft_path):
@@ -223,11 +268,12 @@ def _in_process(d: _Draft) -> None:
     soft = d.seconds(soft_path) if d.given(soft_path) else SOFT_TIMEOUT
     if soft is None:
         return
+    if resolving and not d.given(soft_path):
+        d.put(soft_path, SOFT_TIMEOUT, None)
 
-    collective_path = ("job", "collective_timeout")
     if not d.given(collective_path):
         if gloo:  # a gloo collective cannot be aborted: its timeout frees the surviving ranks
-            value = min(COLLECTIVE_TIMEOUT, _round(0.75 * soft))
+            value = gloo_collective_timeout(soft)
             follows = "[restart.in_process] soft_timeout (with gloo)"
         else:
             value = max(COLLECTIVE_TIMEOUT, 2 * hard)
@@ -236,6 +282,14 @@ def _in_process(d: _Draft) -> None:
             follows = "[restart.in_process] hard_timeout"
         if value != COLLECTIVE_TIMEOUT:
             d.put(collective_path, value, follows)
+        elif resolving:
+            d.put(collective_path, value, None)
+
+
+def gloo_collective_timeout(soft_timeout: float) -> float:
+    """The collective timeout derived with gloo: three quarters of the in-process soft timeout
+    (at most the plain default), so that it frees the surviving ranks before the soft timeout."""
+    return min(COLLECTIVE_TIMEOUT, _round(0.75 * soft_timeout))
 
 
 _Bound = tuple[float, str]

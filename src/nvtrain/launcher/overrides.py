@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from nvtrain.config.checks import check
 from nvtrain.config.demo import DEMO_POLICY_SOURCE
+from nvtrain.config.derive import derive_defaults
 from nvtrain.config.load import validate_data
 from nvtrain.config.schema import Policy
 from nvtrain.config.validation import load_policy
@@ -37,6 +38,7 @@ from nvtrain.launcher.ports import free_port
 from nvtrain.nvrx import installed_nvrx
 
 __all__ = [
+    "on_this_node",
     "Overrides",
     "Resolved",
     "is_script",
@@ -243,6 +245,27 @@ def resolve(policy: Policy | None, overrides: Overrides, *, source: str) -> Reso
         data = _written(policy)
     _apply(data, overrides)
     return _with_port(_checked(data, overrides, source))
+
+
+def on_this_node(policy: Policy, has_gpu: bool) -> Policy:
+    """``policy`` as this node's workers run it: with ``[job] backend = "auto"`` on a node
+    without a GPU the workers use gloo, so a ``collective_timeout`` the policy leaves to its
+    default follows the gloo rule (``derive_defaults(backend="gloo")``), which ``nvtrain
+    validate`` cannot apply before the node is known. Every other key stays as resolved; a
+    written ``collective_timeout`` is kept (validate warns when it breaks the gloo rule)."""
+    if policy.job.backend != "auto" or has_gpu:
+        return policy
+    data, _ = derive_defaults(_written(policy), backend="gloo")
+    value = data.get("job", {}).get("collective_timeout")
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or value == policy.job.collective_timeout
+    ):
+        return policy
+    return policy.model_copy(
+        update={"job": policy.job.model_copy(update={"collective_timeout": float(value)})}
+    )
 
 
 def _written(policy: Policy) -> dict[str, Any]:

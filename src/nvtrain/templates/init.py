@@ -22,6 +22,7 @@ from pathlib import Path
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from nvtrain.config.derive import DERIVED_KEYS
 from nvtrain.config.duration import format_duration, is_duration_field
 from nvtrain.config.schema import Fault, Policy, table_model
 from nvtrain.errors import UsageError
@@ -36,26 +37,25 @@ _WIDTH = 96
 
 # The starter's value of every key, as TOML text; a schema key missing here makes
 # ``starter_policy()`` fail, so a new key cannot be forgotten. Keys in _UNSET are written
-# commented out (optional keys whose default is the better start).
+# commented out (optional keys whose default is the better start). A key whose default may be
+# derived (``DERIVED_KEYS``) has no value here: it is written commented out with its plain
+# default, so that its default goes on following the keys it depends on when those are edited.
 _VALUES: dict[str, dict[str, str]] = {
     "job": {
         "name": '"my-training"',
         "script": '"train.py"',
         "module": '"mypkg.train"',
-        "warm_start": "false",
+        "warm_start": "true",
         "args": '["--width", "256"]',
         "nproc_per_node": "8",
         "max_steps": "2000",
         "backend": '"auto"',
         "stop_timeout": '"1m"',
-        "collective_timeout": '"10m"',
     },
     "rendezvous": {
         "service": '"my-training"',
         "namespace": '"default"',
         "cluster_domain": '"cluster.local"',
-        "port": "29500",
-        "nodes": "2",
         "min_nodes": "2",
         "dns_timeout": '"5m"',
         "join_timeout": '"15m"',
@@ -64,23 +64,19 @@ _VALUES: dict[str, dict[str, str]] = {
     "heartbeat": {
         "initial_timeout": '"20m"',
         "timeout": '"15m"',
-        "monitor_interval": '"5s"',
         "sections": '{ step = "auto", checkpoint = "auto" }',
         "out_of_section_timeout": '"auto"',
     },
-    "restart": {"escalate_after": "3"},
+    "restart": {},
     "restart.in_process": {
         "enabled": "true",
         "max_attempts": "10",
-        "soft_timeout": '"1m"',
-        "hard_timeout": '"1m30s"',
-        "min_world_size": "16",
+        "min_world_size": "4",
         "failure_window": '"100ms"',
     },
     "restart.in_job": {"max_restarts": "5", "policy": '"any-failed"'},
     "checkpoint": {
         "dir": '"/checkpoints"',
-        "interval": "200",
         "async": "true",
         "in_memory": "true",
         "memory_dir": '"/dev/shm"',
@@ -89,7 +85,7 @@ _VALUES: dict[str, dict[str, str]] = {
         "keep": "3",
         "finish_in_flight": "true",
     },
-    "metrics": {"enabled": "false", "port": "9464", "refresh": '"5s"', "linger": '"30s"'},
+    "metrics": {"enabled": "false", "refresh": '"5s"', "linger": '"30s"'},
     "faults": {"step": "100", "rank": "1", "kind": '"exception"'},
 }
 _UNSET = {
@@ -98,6 +94,7 @@ _UNSET = {
     ("heartbeat", "sections"),
     ("heartbeat", "out_of_section_timeout"),
     ("job", "module"),
+    ("job", "warm_start"),
     ("rendezvous", "service"),
     ("rendezvous", "min_nodes"),
     ("restart.in_process", "min_world_size"),
@@ -107,15 +104,19 @@ _UNSET = {
 _HEADER = """\
 nvtrain policy: how one training job runs and recovers from faults (written by `nvtrain init`).
 
-Check it:  nvtrain validate policy.toml
+Check it:  nvtrain validate policy.toml   (it also prints the value in effect of every key)
 Run it:    nvtrain run policy.toml   (on this machine, or as the command of every pod)
 Deploy it: nvtrain manifest policy.toml --image IMAGE -o job.yaml; kubectl apply -f job.yaml
 
-Every key is listed below with its meaning; a line "# key = value" is an optional key left unset.
-Durations are seconds or strings with units: "250ms", "90s", "15m", "1h30m".
-The values suit 2 nodes of 8 GPUs; for a quick run on one CPU machine set nodes = 1,
-nproc_per_node = 2, backend = "gloo", collective_timeout below hard_timeout and a dir you can
-write to."""
+Every key is listed below with its meaning; a line "# key = value" is a key left unset, showing
+its default (or, for a key without a fixed default, an example). Some defaults follow other keys
+("Default: X, or Y when ..."): such a key is left unset so that it keeps following them, and a
+value written for it stops that (a collective_timeout written for NCCL, say, is far too long for
+gloo). Durations are seconds or strings with units: "250ms", "90s", "15m", "1h30m".
+The values suit one node of 8 GPUs (set [rendezvous] nodes for more). For a quick run on one
+CPU machine set nproc_per_node = 2, backend = "gloo" and a checkpoint dir you can write to.
+"auto" works there too (`nvtrain run` gives the workers gloo's timeouts on a machine without a
+GPU), but `nvtrain validate` cannot know the machine and checks "auto" as NCCL."""
 
 
 def _comment(text: str) -> list[str]:
@@ -152,10 +153,17 @@ def _table(name: str, model: type[BaseModel], *, commented: bool = False) -> lis
         if inner is not None:
             tables.append((f"{name}.{key}", inner))
             continue
-        if key not in values:
-            raise KeyError(f"starter policy: no value for [{name}] {key}; add it to _VALUES")
         doc = (info.description or "").strip()
         default = _default_text(info)
+        if f"{name}.{key}" in DERIVED_KEYS:
+            if key in values:
+                raise KeyError(f"starter policy: [{name}] {key} is derived; remove it from _VALUES")
+            # Its docstring states the rule ("Default: X, or Y when ..."), shown above the default.
+            assert default is not None and "Default:" in doc, f"[{name}] {key}"
+            lines += ["", *_comment(doc), f"# {key} = {default}"]
+            continue
+        if key not in values:
+            raise KeyError(f"starter policy: no value for [{name}] {key}; add it to _VALUES")
         if (
             default is not None
             and default != values[key]

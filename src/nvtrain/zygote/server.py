@@ -73,9 +73,10 @@ BASE = (
 """Imported by the server of a script that uses nvtrain's worker library: what such a worker
 imports on its way to the first step, much of it inside functions."""
 
-PLAIN = ("torch", "torch.distributed")
+PLAIN = ("torch", "torch.distributed", "torch._dynamo")
 """Imported by the server of a script that does not use the worker library (``--plain``), before
-the script's own imports: what every torchrun script needs, and nothing it would not import."""
+the script's own imports: what every torchrun script imports on its way to its first step
+(``torch._dynamo`` with its first optimizer, see ``BASE``), and nothing it would not."""
 
 NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 """Set while the server imports: ``torch.cuda.is_available()`` called by an import then asks
