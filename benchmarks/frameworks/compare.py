@@ -34,7 +34,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 SCRIPTS = {"ddp": "ddp_train.py", "hf": "hf_train.py", "lightning": "lightning_train.py"}
 OUT_FLAG = {"ddp": "--ckpt", "hf": "--out", "lightning": "--out"}
-LINE = re.compile(r"BENCH (STEP|FAULT) (\d+) (\d+\.\d+)")
+LINE = re.compile(r"BENCH (STEP|FAULT|MAIN) (\d+) (\d+\.\d+)")
 
 
 def argv_for(arm: str, script: Path, nproc: int, args: list[str]) -> list[str]:
@@ -91,11 +91,15 @@ def one_run(
     wall = time.time() - started
     fault_t = None
     steps_after: list[tuple[int, float]] = []
-    first_step = None
+    first_step = main_after = None
     for kind, step, stamp in LINE.findall(out):
         t = float(stamp)
         if kind == "FAULT":
             fault_t = t
+        elif kind == "MAIN":
+            if fault_t is not None and main_after is None:
+                main_after = t
+            continue
         elif first_step is None:
             first_step = t
         if kind == "STEP" and fault_t is not None and t > fault_t:
@@ -108,6 +112,8 @@ def one_run(
         "first_step_s": None if first_step is None else round(first_step - started, 3),
         "recovery_s": None if fault_t is None or not steps_after else round(steps_after[0][1] - fault_t, 3),
         "resumed_at": steps_after[0][0] if steps_after else None,
+        # the launcher's part: fault -> the new rank 0 runs the script's main()
+        "to_main_s": None if fault_t is None or main_after is None else round(main_after - fault_t, 3),
         "warm_off": [line for line in out.splitlines() if "warm start: off" in line][:1],
     }
     if keep is not None:

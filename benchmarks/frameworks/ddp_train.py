@@ -13,11 +13,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from fault import step_done
+from fault import main_started, step_done
 from torch.nn.parallel import DistributedDataParallel
 
 
 def main() -> None:
+    main_started()
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--ckpt", type=Path, required=True)

@@ -15,6 +15,14 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def main_started() -> None:
+    """At the top of the script's ``main()``: ``BENCH MAIN <unix time>`` (rank 0), so that a
+    recovery splits into the launcher's part (fault to a new process running the script) and the
+    script's own (its set-up and checkpoint load, to the first step)."""
+    if rank() == 0:
+        print(f"BENCH MAIN 0 {time.time():.6f}", flush=True)
+
+
 def step_done(step: int) -> None:
     """After step ``step``: print it (rank 0), and kill rank 0 at the fault step once."""
     if rank() != 0:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import torch
-from fault import step_done
+from fault import main_started, step_done
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
@@ -35,6 +35,7 @@ class Clock(TrainerCallback):  # type: ignore[misc]
 
 
 def main() -> None:
+    main_started()
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--out", type=Path, required=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from fault import step_done
+from fault import main_started, step_done
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 
@@ -41,6 +41,7 @@ class Clock(Callback):
 
 
 def main() -> None:
+    main_started()
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--out", type=Path, required=True)

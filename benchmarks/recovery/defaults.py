@@ -1,0 +1,134 @@
+"""The README demo as a user runs it, with nothing set: two builds of nvtrain side by side.
+
+Each arm runs ``python -m nvtrain run POLICY`` (the built-in demo policy by default: 2 ranks,
+gloo, an exception at step 50 and a SIGKILL at step 90) with ``PYTHONPATH`` pointing at its own
+``src`` (and, with ``--nvrx DIR``, an NVRx installed in DIR ahead of the venv's: how NVRx 0.7.0
+runs on this machine's Python 3.11, see BENCHMARKS.md). Arms alternate, R runs each; from each
+run's ``nvtrain report --json``: every incident's recovery time and phases, and the job's
+start-up and shut-down. Medians per arm and the ratio new / old.
+
+    git worktree add /tmp/nvtrain-base <base commit>
+    python benchmarks/recovery/defaults.py --old /tmp/nvtrain-base/src --repeats 3 --json out.json
+    python benchmarks/recovery/defaults.py --old /tmp/nvtrain-base/src --nvrx /tmp/nvrx07-site
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+NEW = Path(__file__).resolve().parents[2] / "src"
+
+
+def run_once(src: Path, policy: Path | None, nvrx: str | None, timeout: float) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="nvtrain-defaults-"))
+    path = [str(src), *([nvrx] if nvrx else [])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "TMPDIR": str(work)}
+    argv = [sys.executable, "-m", "nvtrain", "run", "--run-id", "defaults"]
+    if policy is not None:
+        text = policy.read_text(encoding="utf-8").replace("/tmp/nvtrain-demo/checkpoints", str(work / "ckpt"))
+        (work / "policy.toml").write_text(text, encoding="utf-8")
+        argv.append(str(work / "policy.toml"))
+    else:  # the built-in demo: its checkpoints go to /tmp/nvtrain-demo/checkpoints/defaults
+        shutil.rmtree("/tmp/nvtrain-demo/checkpoints/defaults", ignore_errors=True)
+    started = time.monotonic()
+    done = subprocess.run(
+        argv, env=env, cwd=work, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    wall = time.monotonic() - started
+    run_dir = (work / "ckpt" if policy is not None else Path("/tmp/nvtrain-demo/checkpoints")) / "defaults"
+    report = subprocess.run(
+        [sys.executable, "-m", "nvtrain", "report", str(run_dir), "--json"],
+        env={**os.environ, "PYTHONPATH": str(NEW)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    shutil.rmtree(work, ignore_errors=True)
+    result: dict[str, Any] = {"exit_code": done.returncode, "wall_s": round(wall, 3)}
+    if report.returncode != 0:
+        result["error"] = report.stderr[-500:] or done.stderr[-2000:]
+        return result
+    data = json.loads(report.stdout)
+    result["time_s"] = data["time_s"]
+    result["incidents"] = [
+        {
+            "cause": i["cause"],
+            "layer": i["layer"],
+            "recovery_s": i["recovery_s"],
+            "phases_s": i["phases_s"],
+            "restore_source": i.get("restore_source"),
+        }
+        for i in data["incidents"]
+    ]
+    return result
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
+
+
+def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    for arm, results in runs.items():
+        row: dict[str, Any] = {}
+        causes = sorted({i["cause"] for r in results for i in r.get("incidents", [])})
+        for cause in causes:
+            incidents = [i for r in results for i in r.get("incidents", []) if i["cause"] == cause]
+            row[cause] = {
+                "recovery_s": _median([i["recovery_s"] for i in incidents if i["recovery_s"] is not None])
+            }
+            for phase in ("detection", "teardown", "rendezvous", "start", "restore", "first_step"):
+                values = [i["phases_s"][phase] for i in incidents if i["phases_s"].get(phase) is not None]
+                row[cause][phase] = _median(values)
+        for part in ("startup", "shutdown", "total"):
+            row[part] = _median(
+                [r["time_s"][part] for r in results if "time_s" in r and r["time_s"].get(part)]
+            )
+        row["exit_codes"] = [r["exit_code"] for r in results]
+        table[arm] = row
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--old", type=Path, required=True, help="the other build's src folder")
+    parser.add_argument("--policy", type=Path, help="a policy file (default: the built-in demo)")
+    parser.add_argument("--nvrx", help="a folder with another NVRx, put ahead of the venv's")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    arms = {"old": args.old.resolve(), "new": NEW}
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
+    for rep in range(args.repeats):
+        order = list(arms) if rep % 2 == 0 else list(reversed(arms))
+        for arm in order:
+            result = run_once(arms[arm], args.policy, args.nvrx, args.timeout)
+            runs[arm].append(result)
+            print(json.dumps({"arm": arm, **result}), flush=True)
+    table = summarize(runs)
+    print(json.dumps(table, indent=1))
+    if args.json is not None:
+        args.json.write_text(
+            json.dumps(
+                {"args": {k: str(v) for k, v in vars(args).items()}, "runs": runs, "summary": table}, indent=1
+            ),
+            encoding="utf-8",
+        )
+
+
+if __name__ == "__main__":
+    main()
