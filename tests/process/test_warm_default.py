@@ -1,0 +1,75 @@
+"""Warm start is the default: a torchrun script run the torchrun way, with no policy, gets its
+workers forked from the pod's warm-start server; where the server refuses (an import of the
+script starts a thread), the workers start cold, the run is the same, and one line says why.
+
+Real ``nvtrain run`` (ft_launcher, 2 ranks, gloo) of a standard torchrun script; a worker knows
+it was forked by the server from ``NVTRAIN_PID`` (its client's pid, set only for warm workers)
+and from its parent process (the server, not ft_launcher's client).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from proc_helpers import NvtrainRunner
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = """\
+import os
+import psutil
+import torch.distributed as dist
+{extra}
+dist.init_process_group("gloo")
+dist.barrier()
+parent = psutil.Process().parent()
+line = (
+    f"WORKER rank={{dist.get_rank()}} warm={{'NVTRAIN_PID' in os.environ}} "
+    f"parent={{' '.join(parent.cmdline()[1:3]) if parent else None}}\\n"
+)
+os.write(1, line.encode())  # one write: the two ranks share the pipe (print writes twice)
+dist.destroy_process_group()
+"""
+
+
+def _run(nvtrain: NvtrainRunner, tmp_path: Path, extra: str = "", *flags: str) -> tuple[str, str]:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.format(extra=extra), encoding="utf-8")
+    run = nvtrain.start("--nproc-per-node", "2", *flags, str(script))
+    assert run.wait(timeout=120) == 0, run.describe()
+    return run.stdout, run.stderr
+
+
+def _workers(out: str) -> list[tuple[str, str, str]]:
+    return sorted(re.findall(r"WORKER rank=(\d) warm=(\w+) parent=(.*)", out))
+
+
+def test_a_torchrun_script_is_forked_warm_by_default(nvtrain: NvtrainRunner, tmp_path: Path) -> None:
+    out, err = _run(nvtrain, tmp_path)
+    assert _workers(out) == [(r, "True", "-m nvtrain.zygote.server") for r in ("0", "1")], out + err
+    assert "warm start: off" not in err
+
+
+def test_no_warm_start_runs_every_worker_as_a_new_interpreter(nvtrain: NvtrainRunner, tmp_path: Path) -> None:
+    out, err = _run(nvtrain, tmp_path, "", "--no-warm-start")
+    workers = _workers(out)
+    assert [(r, warm) for r, warm, _ in workers] == [("0", "False"), ("1", "False")], out + err
+    assert all("nvtrain.zygote.client" not in parent for _, _, parent in workers), workers
+
+
+def test_where_forking_is_unsafe_the_workers_start_cold_and_one_line_says_why(
+    nvtrain: NvtrainRunner, tmp_path: Path
+) -> None:
+    (tmp_path / "threaded_helper.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n",
+        encoding="utf-8",
+    )
+    out, err = _run(nvtrain, tmp_path, "import threaded_helper")
+    workers = _workers(out)
+    assert [(r, warm) for r, warm, _ in workers] == [("0", "False"), ("1", "False")], out + err
+    lines = [line for line in err.splitlines() if "warm start" in line]
+    assert len(lines) == 1, err
+    assert "off, workers start cold" in lines[0] and "started threads" in lines[0], lines
+    assert "[job] warm_start = false" in lines[0], lines
