@@ -173,6 +173,17 @@ def _flip_data(shm: Path) -> None:
     _flip_byte(shm / f"rank0.{slot}.bin")
 
 
+def _flip_data_end(shm: Path) -> None:
+    """The last byte the header's hash covers: checked in the copy's last chunk."""
+    header = _header(shm, 10)
+    slot = header.name.split(".")[1]
+    with (shm / f"rank0.{slot}.bin").open("r+b") as handle:
+        handle.seek(json.loads(header.read_text())["bytes"] - 1)
+        byte = handle.read(1)[0]
+        handle.seek(-1, os.SEEK_CUR)
+        handle.write(bytes([byte ^ 0x01]))
+
+
 def _flip_extra(shm: Path) -> None:
     slot = _header(shm, 10).name.split(".")[1]
     _flip_byte(shm / f"rank0.{slot}.extra")
@@ -191,11 +202,12 @@ def _flip_extra(shm: Path) -> None:
         (_remove_header, "no header"),  # partial: killed while staging
         (_garble_header, "no header"),
         (_flip_data, "the data does not match its hash"),
+        (_flip_data_end, "the data does not match its hash"),
         (_flip_extra, "the extra state does not match its hash"),
     ],
     ids=[
         "run-id", "rank", "world", "step", "token", "layout", "format",
-        "no-header", "garbled-header", "data", "extra",
+        "no-header", "garbled-header", "data", "data-end", "extra",
     ],
 )  # fmt: skip
 def test_a_bad_copy_is_never_loaded_and_storage_is_read_instead(
@@ -415,4 +427,30 @@ def test_a_copy_that_fails_to_load_falls_back_to_storage(
     restored, bits, restored_position = _restore(tmp_path, run_dir, shm)
     assert [(e["step"], e["origin"]) for e in restored] == [(10, "storage")]
     assert "loading it failed" in restored[0]["memory_problem"]
+    assert bits == saved and restored_position == position
+
+
+def test_a_copy_changed_after_it_was_found_is_not_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The data is checked as it is read into the live tensors, not before: a file changed
+    between ``find`` and ``load`` (by a process of this user's) is refused like a damaged one,
+    and the state comes from storage, bitwise."""
+    import nvtrain.worker.hostcopy as hostcopy
+
+    run_dir, shm, saved, position = _saved(tmp_path)
+    _new_process(monkeypatch)
+    find = hostcopy.HostCopy.find
+
+    def find_then_change(self: Any, **kw: Any) -> Any:
+        slot, why = find(self, **kw)
+        if slot is not None:
+            _flip_data(shm)
+        return slot, why
+
+    monkeypatch.setattr(hostcopy.HostCopy, "find", find_then_change)
+    restored, bits, restored_position = _restore(tmp_path, run_dir, shm)
+    assert [(e["step"], e["origin"]) for e in restored] == [(10, "storage")]
+    problem = restored[0]["memory_problem"]
+    assert "loading it failed" in problem and "the data does not match its hash" in problem, problem
     assert bits == saved and restored_position == position

@@ -23,9 +23,11 @@ every field and hash matches the checkpoint being restored and the live model; o
 rank says why and the run restores from storage. So a copy that is stale (an older step, or a
 step whose save was dropped and redone), partial (a worker killed while staging: no header),
 foreign (another run, rank or world size, or not this run's key), damaged or forged is never
-loaded. The extra file is read with ``torch.load(weights_only=True)``: the state's tensors are
-replaced in it by empty placeholder tensors, matched to the data file's tensors in the order
-``_leaves`` walks the state (``plain``).
+loaded. A restore copies the data file straight into the live state's tensors and checks it
+against its hash while it copies it, one chunk at a time (``hostread``): nothing of it is used
+before all of it has matched. The extra file is read with ``torch.load(weights_only=True)``: the
+state's tensors are replaced in it by empty placeholder tensors, matched to the data file's
+tensors in the order ``_leaves`` walks the state (``plain``).
 
 Without a run key (a worker not started by ``nvtrain run``), or when the folder is not private
 (this user's, mode 0700, not a link: ``private.check_private_dir``), no copy is kept in files:
@@ -51,6 +53,7 @@ import blake3
 import torch
 
 from nvtrain.private import RUN_KEY_ENV, NotPrivate, check_private_dir, run_key
+from nvtrain.worker.hostread import Rejected, open_private, read_checked, read_private
 from nvtrain.worker.plain import check_plain, load_plain
 
 __all__ = ["ENV", "HostCopy", "Unsupported", "host_copy", "in_background", "usable"]
@@ -204,7 +207,8 @@ def verify_mac(header: dict[str, Any], key: bytes) -> bool:
 
 def check_hashes(slot: _Slot, header: dict[str, Any], nbytes: int, key: bytes) -> str:
     """Why the first ``nbytes`` of ``slot``'s mapped data, or its extra file, do not match the
-    keyed hashes in ``header``; "" when they do (``slot.verified`` is then ``header``)."""
+    keyed hashes in ``header``; "" when they do. (A peer's kept copy, checked before it is sent
+    back; a restore checks its own copy while it reads it: ``HostCopy.load``.)"""
     assert slot.map is not None
     data_key = _keys(key)[0]
     try:
@@ -216,7 +220,6 @@ def check_hashes(slot: _Slot, header: dict[str, Any], nbytes: int, key: bytes) -
             return "the extra state does not match its hash"
     except OSError as exc:
         return f"cannot read it: {exc}"
-    slot.verified = header
     return ""
 
 
@@ -250,7 +253,11 @@ class _Slot:
         dropped."""
         self.skeleton: Any = None
         self.verified: dict[str, Any] | None = None
-        """The header ``find`` verified (``load`` checks the extra it reads against it)."""
+        """The header ``find`` verified (``load`` checks the data it reads against it)."""
+        self.verified_extra: bytes | None = None
+        """The extra file as ``find`` read it and checked it against ``verified``."""
+        self.verified_layout: Layout | None = None
+        """The live state's layout that ``verified`` matched."""
         self.step: int | None = None
         """The step sealed in this slot by this process (None: none, or being restaged)."""
 
@@ -526,7 +533,9 @@ class HostCopy:
     # -- restoring ------------------------------------------------------------------------------
     def find(self, *, step: int, token: str | None, state: Any) -> tuple[_Slot | None, str]:
         """The slot holding the commit ``token`` of ``step`` for this run, rank, world size and
-        ``state``'s layout, with data and extra files that match their hashes; else why not."""
+        ``state``'s layout, whose header's MAC verifies, whose extra file matches its hash and
+        whose files are private and whole; else why not. Its data is checked by ``load``, while
+        it is read."""
         if token is None:
             return None, f"step {step}'s COMMITTED file names no token"
         try:
@@ -568,42 +577,62 @@ class HostCopy:
         return None, "; ".join(problems)
 
     def _check(self, slot: _Slot, layout: Layout, header: dict[str, Any]) -> str:
+        """Why ``slot``'s files cannot hold the copy ``header`` describes ("" when they can): the
+        extra state is read and checked against its hash here (and kept: ``load`` parses those
+        very bytes); the data is checked while ``load`` reads it (``hostread``)."""
+        slot.verified = slot.verified_extra = None
         try:
-            with self.lock:
-                if self.layout != layout:
-                    self.layout = layout
-                slot.open(layout)
+            extra = read_private(slot.extra)
+            fd = open_private(slot.data)
+            try:
+                size = os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+        except Rejected as exc:
+            return str(exc)
         except OSError as exc:
             return f"cannot read it: {exc}"
-        return check_hashes(slot, header, layout.nbytes, self.key)
+        if size < layout.nbytes:
+            return f"the data file holds {size} bytes, the layout {layout.nbytes}"
+        if not hmac.compare_digest(_hash(extra, _keys(self.key)[0]), str(header.get("extra_hash"))):
+            return "the extra state does not match its hash"
+        slot.verified, slot.verified_extra, slot.verified_layout = header, extra, layout
+        return ""
 
     def load(self, slot: _Slot, live: Any) -> tuple[Any, dict[str, Any]]:
-        """Copy ``slot`` into ``live``'s tensors; returns the state to apply (``live``'s tensors
-        within the saved structure) and the extra state."""
-        verified = slot.verified
-        assert verified is not None, "load() of a slot that find() did not return"
-        data = slot.extra.read_bytes()  # checked again: what is parsed is what was verified
-        if not hmac.compare_digest(_hash(data, _keys(self.key)[0]), str(verified.get("extra_hash"))):
-            raise ValueError("the extra state changed since it was checked")
-        rest = load_plain(data)
-        cuda = torch.cuda.is_available()
+        """Read ``slot``'s data into ``live``'s tensors, checking it against its hash as it is
+        read (``hostread.read_checked``); returns the state to apply (``live``'s tensors within
+        the saved structure) and the extra state. Raises when the copy does not check out (its
+        data does not match its hash: ``Rejected``): ``live``'s tensors then hold NaN (or zeros),
+        never part of a copy, and the caller restores from storage."""
+        verified, extra, layout = slot.verified, slot.verified_extra, slot.verified_layout
+        assert verified is not None and extra is not None and layout is not None, (
+            "load() of a slot that find() did not return"
+        )
+        rest = load_plain(extra)
         tensors = [t for _, t in _leaves(live)]
-        placeholders = sum(1 for _ in _leaves(rest["skeleton"]))
-        if placeholders != len(tensors) or len(slot.views) != len(tensors):
-            raise ValueError(f"the copy has {placeholders} tensors, the live state {len(tensors)}")
-        index = iter(range(len(tensors)))
+        placed = 0
 
-        def fill(value: Any) -> Any:
+        def place(value: Any) -> Any:  # the placeholder's live tensor, in the order both are walked
+            nonlocal placed
             if not isinstance(value, torch.Tensor):
                 return value
-            i = next(index)
-            _local(tensors[i]).copy_(slot.views[i], non_blocking=cuda)
-            return tensors[i]
+            placed += 1
+            return tensors[placed - 1] if placed <= len(tensors) else value
 
-        state = _map(rest["skeleton"], fill)
-        if cuda:
-            torch.cuda.synchronize()
+        state = _map(rest["skeleton"], place)
+        if placed != len(tensors) or len(layout.leaves) != len(tensors):
+            raise ValueError(f"the copy has {placed} tensors, the live state {len(tensors)}")
+        read_checked(
+            slot.data,
+            [(leaf.offset, leaf.nbytes) for leaf in layout.leaves],
+            layout.nbytes,
+            [_local(t) for t in tensors],
+            key=_keys(self.key)[0],
+            digest=str(verified.get("data_hash")),
+        )
         with self.lock:
+            self.layout = layout  # (``prepare`` then keeps the slot's step: ``stage`` spares it)
             slot.step = int(verified["step"])
         return state, rest["extra"]
 
