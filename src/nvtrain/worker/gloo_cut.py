@@ -13,10 +13,14 @@ collective on this rank fails at once ("Connection closed by peer"), and so does
 collective that waits on this rank: the rank that raised cuts first, each freed rank cuts in
 turn, and the whole group is free in milliseconds instead of ``collective_timeout``.
 
-Only sockets opened by that one call are touched, each checked again before the cut (still a
-socket, same inode, not listening): the training script's own connections, the rendezvous
-store's, NVRx's and groups the script makes later keep running. Collectives on groups the script
-creates itself (``new_group``) are not cut and keep their timeout.
+Only TCP connections opened while that one call ran are touched, each checked again before the
+cut (still a socket, same inode). Other threads may open sockets meanwhile: on the rank that
+hosts a c10d store, its server accepts the connections of other processes' clients at any time,
+and cutting one of those stalls the restart itself (NVRx's monitors record interruptions in that
+store). So connections to or from the stores' ports (``exclude_ports``) are never noted, nor Unix
+sockets or listeners. The training script's own connections, NVRx's and groups the script makes
+later keep running. Collectives on groups the script creates itself (``new_group``) are not cut
+and keep their timeout.
 """
 
 from __future__ import annotations
@@ -26,11 +30,31 @@ import dataclasses
 import os
 import socket
 import stat
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 __all__ = ["GlooLinks", "open_sockets"]
 
+_INET = (socket.AF_INET, socket.AF_INET6)
+
 _FD_DIR = "/proc/self/fd"
+
+
+def _a_connection(fd: int, exclude_ports: set[int]) -> bool:
+    """Whether ``fd`` is a TCP connection (not a listener) with neither end on ``exclude_ports``."""
+    try:
+        dup = os.dup(fd)
+    except OSError:
+        return False
+    try:
+        with socket.socket(fileno=dup) as sock:
+            if sock.family not in _INET or sock.type != socket.SOCK_STREAM:
+                return False
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                return False
+            ends = (sock.getsockname(), sock.getpeername())
+    except OSError:  # not connected (any more), or not a socket
+        return False
+    return not any(end[1] in exclude_ports for end in ends)
 
 
 def open_sockets() -> dict[int, int]:
@@ -58,9 +82,10 @@ class GlooLinks:
 
     @classmethod
     @contextlib.contextmanager
-    def noting(cls, enabled: bool = True) -> Iterator[GlooLinks]:
+    def noting(cls, enabled: bool = True, exclude_ports: Collection[int] = ()) -> Iterator[GlooLinks]:
         """``with GlooLinks.noting() as links: dist.init_process_group(...)``: ``links`` holds
-        the sockets the block opened (none when ``enabled`` is false)."""
+        the TCP connections the block opened (none when ``enabled`` is false), but none whose
+        either end is one of ``exclude_ports`` (the stores')."""
         links = cls()
         before = open_sockets() if enabled else {}
         try:
@@ -68,7 +93,8 @@ class GlooLinks:
         finally:
             if enabled:
                 after = open_sockets()
-                links.sockets = {fd: ino for fd, ino in after.items() if before.get(fd) != ino}
+                new = {fd: ino for fd, ino in after.items() if before.get(fd) != ino}
+                links.sockets = {fd: ino for fd, ino in new.items() if _a_connection(fd, set(exclude_ports))}
 
     def cut(self) -> int:
         """Shut down the noted connections that are still open; returns how many. Safe to call

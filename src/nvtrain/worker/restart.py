@@ -84,7 +84,12 @@ def _attempt(
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         if store is not None:
             backend = _backend(policy.job.backend)
-            with GlooLinks.noting(enabled=backend == "gloo") as links:
+            # The stores' connections are never cut: MASTER_PORT (torch elastic's) and the one
+            # above it (this layer's, ``base_store``), whose server rank 0 hosts.
+            store_ports = (
+                {int(os.environ["MASTER_PORT"]) + k for k in (0, 1)} if "MASTER_PORT" in os.environ else set()
+            )
+            with GlooLinks.noting(enabled=backend == "gloo", exclude_ports=store_ports) as links:
                 dist.init_process_group(
                     backend,
                     store=store,
