@@ -154,6 +154,10 @@ def test_same_rank_failing_again_escalates_exit_4(nvtrain: NvtrainRunner, tmp_pa
     assert events[-1]["event"] == "launcher_exit" and events[-1]["exit_code"] == 4
 
 
+RESTARTS = 10
+"""The in-job budget of the escalation test: far more than escalation lets happen."""
+
+
 def test_failures_at_the_same_step_escalate_exit_4(nvtrain: NvtrainRunner, tmp_path: Path) -> None:
     # The same worker, reporting its progress as the worker library does (a "step" event in
     # NVTRAIN_EVENTS): rank 1 fails at step 1 on every attempt.
@@ -161,20 +165,22 @@ def test_failures_at_the_same_step_escalate_exit_4(nvtrain: NvtrainRunner, tmp_p
         tmp_path,
         script=str(BIN / "fail_worker.py"),
         args=["--code", "3", "--step-event", "1"],
-        max_restarts=5,
+        max_restarts=RESTARTS,
         escalate_after=2,
     )
     run = nvtrain.start("--run-id", "escalate-2", str(policy))
     code = run.wait(timeout=90)
     assert code == 4, run.describe()
     assert "escalat" in run.stderr.lower(), run.describe()
-    # Escalation decides at the 2nd failure; ft_launcher may still restart the group once or
-    # twice before it acts on nvtrain's SIGTERM (seen under load). Exit 4 (not 1) shows that
-    # escalation, not the budget of 5 restarts (6 failures), ended the run.
-    assert 2 <= len(re.findall(r"WORKER FAIL rank=1", run.stdout)) <= 5, run.describe()
+    # Escalation decides at the 2nd failure; ft_launcher may still restart the group a few times
+    # before it acts on nvtrain's SIGTERM (a restart takes well under a second now that the
+    # workers start warm and their exits wake ft_launcher: 6 failures were seen in CI). Exit 4
+    # (not 1) and fewer failures than the budget allows show that escalation, not the budget of
+    # RESTARTS restarts, ended the run.
+    assert 2 <= len(re.findall(r"WORKER FAIL rank=1", run.stdout)) <= RESTARTS, run.describe()
     events = events_of(tmp_path, "escalate-2")
     failed = [f for f in named(events, "worker_failed") if f["local_rank"] == 1]
-    assert 2 <= len(failed) <= 5, events
+    assert 2 <= len(failed) <= RESTARTS, events
     assert events[-1]["event"] == "launcher_exit" and events[-1]["exit_code"] == 4
 
 

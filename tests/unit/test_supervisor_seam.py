@@ -226,6 +226,10 @@ class FakeSupervisor(Supervisor):
     def kill_leftovers(self) -> list[int]:
         return []
 
+    def start_zygote(self) -> None:
+        """No warm-start server (on by default): the launchers here are fakes."""
+        return None
+
     def resolve(self, name: str) -> list[str]:
         self.resolved.append(name)
         if self.on_resolve is not None:

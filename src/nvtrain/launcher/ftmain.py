@@ -31,11 +31,13 @@ the exact function it expects, and leaves NVRx as it is otherwise (``tune`` says
 from __future__ import annotations
 
 import contextlib
+import datetime
 import importlib
 import inspect
 import os
 import select
 import signal
+import socket
 import sys
 import time
 import types
@@ -241,6 +243,18 @@ def tune(launcher: types.ModuleType, version: NvrxVersion | None, argv: list[str
     return done
 
 
+def _log(message: str) -> None:
+    """One INFO record in ft_launcher's own line format (NVRx 0.4's), so that ``nvtrain run``
+    files it with the launcher's records: in ``launcher-node<N>.log``, on the terminal with -v."""
+    now = datetime.datetime.now()
+    stamp = now.strftime("%Y-%m-%d %H:%M:%S,") + f"{now.microsecond // 1000:03d}"
+    print(
+        f"[{stamp}] [INFO] [ft_launcher{os.getpid()}@{socket.gethostname()}] {message}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 TUNING_ENV = "NVTRAIN_FT_TUNING"
 """``off``: ft_launcher runs as NVRx ships it."""
 
@@ -252,7 +266,7 @@ def main() -> None:
     argv = sys.argv[2:]
     if os.environ.get(TUNING_ENV, "").lower() not in ("off", "0", "false", "no"):
         done = tune(launcher, installed_nvrx(), argv)
-        print(f"nvtrain: ft_launcher: {'; '.join(done) or 'as shipped'}", file=sys.stderr, flush=True)
+        _log(f"nvtrain ftmain: {'; '.join(done) or 'as shipped'}")
     sys.argv = [str(launcher.__file__), *argv]
     launcher.main()
 
