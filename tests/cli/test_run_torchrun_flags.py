@@ -334,7 +334,7 @@ def test_log_options_go_to_ft_launcher_before_the_entrypoint(
         f"--log-dir={tmp_path / 'logs'}",
         "--local-ranks-filter=0,1",
         "-m",
-        "nvtrain.zygote.client",  # a torchrun script starts warm by default
+        "nvtrain.entry",  # a plain torchrun script starts cold unless the policy sets warm_start
         "train.py",
     ]
     plan = _plan("--tee=2", "-r3", "--log-dir", str(tmp_path / "l"), "train.py")
@@ -343,23 +343,29 @@ def test_log_options_go_to_ft_launcher_before_the_entrypoint(
         "--redirects=3",
         f"--log-dir={tmp_path / 'l'}",
         "-m",
-        "nvtrain.zygote.client",
+        "nvtrain.entry",
         "train.py",
     ]
 
 
-def test_warm_start_is_the_default_and_no_warm_start_opts_out(
+def test_a_plain_script_starts_cold_unless_the_policy_asks_and_no_warm_start_opts_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _script(tmp_path)
     monkeypatch.chdir(tmp_path)
-    warm = _plan("--nproc-per-node", "2", "train.py", "--lr", "1")
-    assert warm["zygote"] is not None and "--plain" in warm["zygote"]  # train.py does not use nvtrain.worker
+    cold = _plan("--nproc-per-node", "2", "train.py", "--lr", "1")
+    assert cold["zygote"] is None  # train.py does not use nvtrain.worker: warm only on request
+    policy = tmp_path / "warm.toml"
+    policy.write_text('[job]\nname = "w"\nscript = "train.py"\nwarm_start = true\n', encoding="utf-8")
+    warm = _plan("--policy", str(policy), "--nproc-per-node", "2", "train.py", "--lr", "1")
+    assert warm["zygote"] is not None and "--plain" in warm["zygote"]
     assert warm["argv"][-4:] == ["nvtrain.zygote.client", "train.py", "--lr", "1"]
-    cold = _plan("--nproc-per-node", "2", "--no-warm-start", "train.py", "--no-warm-start")
-    assert cold["zygote"] is None
+    off = _plan(
+        "--policy", str(policy), "--nproc-per-node", "2", "--no-warm-start", "train.py", "--no-warm-start"
+    )
+    assert off["zygote"] is None
     # nvtrain's flag before the script; the same word after it is the script's
-    assert cold["argv"][-4:] == ["-m", "nvtrain.entry", "train.py", "--no-warm-start"]
+    assert off["argv"][-4:] == ["-m", "nvtrain.entry", "train.py", "--no-warm-start"]
 
 
 def test_verbose_is_nvtrains_before_the_script_and_the_scripts_after(tmp_path: Path) -> None:

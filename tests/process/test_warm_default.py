@@ -1,6 +1,8 @@
-"""Warm start is the default: a torchrun script run the torchrun way, with no policy, gets its
-workers forked from the pod's warm-start server; where the server refuses (an import of the
-script starts a thread), the workers start cold, the run is the same, and one line says why.
+"""Warm start for a torchrun script run the torchrun way: a plain script (no nvtrain import)
+starts cold by default and warm when its policy sets ``warm_start = true`` (scripts of the worker
+library start warm by default: the fault matrix and recovery tests); where the server refuses
+(an import of the script starts a thread), the workers start cold, the run is the same, and one
+line says why.
 
 Real ``nvtrain run`` (ft_launcher, 2 ranks, gloo) of a standard torchrun script; a worker knows
 it was forked by the server from ``NVTRAIN_PID`` (its client's pid, set only for warm workers)
@@ -34,9 +36,13 @@ dist.destroy_process_group()
 """
 
 
+WARM_POLICY = '[job]\nname = "warm"\nscript = "train.py"\nwarm_start = true\n'
+
+
 def _run(nvtrain: NvtrainRunner, tmp_path: Path, extra: str = "", *flags: str) -> tuple[str, str]:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.format(extra=extra), encoding="utf-8")
+    (tmp_path / "warm.toml").write_text(WARM_POLICY, encoding="utf-8")
     run = nvtrain.start("--nproc-per-node", "2", *flags, str(script))
     assert run.wait(timeout=120) == 0, run.describe()
     return run.stdout, run.stderr
@@ -46,14 +52,19 @@ def _workers(out: str) -> list[tuple[str, str, str]]:
     return sorted(re.findall(r"WORKER rank=(\d) warm=(\w+) parent=(.*)", out))
 
 
-def test_a_torchrun_script_is_forked_warm_by_default(nvtrain: NvtrainRunner, tmp_path: Path) -> None:
-    out, err = _run(nvtrain, tmp_path)
+def test_a_torchrun_script_is_forked_warm_when_its_policy_asks(
+    nvtrain: NvtrainRunner, tmp_path: Path
+) -> None:
+    out, err = _run(nvtrain, tmp_path, "", "--policy", str(tmp_path / "warm.toml"))
     assert _workers(out) == [(r, "True", "-m nvtrain.zygote.server") for r in ("0", "1")], out + err
     assert "warm start: off" not in err
 
 
-def test_no_warm_start_runs_every_worker_as_a_new_interpreter(nvtrain: NvtrainRunner, tmp_path: Path) -> None:
-    out, err = _run(nvtrain, tmp_path, "", "--no-warm-start")
+@pytest.mark.parametrize("flags", [(), ("--no-warm-start",)], ids=["default", "no-warm-start"])
+def test_a_plain_script_runs_every_worker_as_a_new_interpreter(
+    nvtrain: NvtrainRunner, tmp_path: Path, flags: tuple[str, ...]
+) -> None:
+    out, err = _run(nvtrain, tmp_path, "", *flags)
     workers = _workers(out)
     assert [(r, warm) for r, warm, _ in workers] == [("0", "False"), ("1", "False")], out + err
     assert all("nvtrain.zygote.client" not in parent for _, _, parent in workers), workers
@@ -66,7 +77,7 @@ def test_where_forking_is_unsafe_the_workers_start_cold_and_one_line_says_why(
         "import threading, time\nthreading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n",
         encoding="utf-8",
     )
-    out, err = _run(nvtrain, tmp_path, "import threaded_helper")
+    out, err = _run(nvtrain, tmp_path, "import threaded_helper", "--policy", str(tmp_path / "warm.toml"))
     workers = _workers(out)
     assert [(r, warm) for r, warm, _ in workers] == [("0", "False"), ("1", "False")], out + err
     lines = [line for line in err.splitlines() if "warm start" in line]

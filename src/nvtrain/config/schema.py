@@ -84,7 +84,9 @@ class Job(BaseModel):
     `script` or `module`."""
 
     warm_start: bool = True
-    """Start workers warm (on unless set to false): `nvtrain run` keeps an interpreter with torch
+    """Start workers warm (on unless set to false, for scripts that import nvtrain's worker
+    library; a script that does not starts warm only when this is set to true): `nvtrain run`
+    keeps an interpreter with torch
     and the script's top-level imports loaded (NVRx and nvtrain's worker library too when the
     script uses it; CUDA not initialised) and forks each worker from it, so a worker that replaces
     a killed one skips the interpreter start and the imports. Signals, exit codes and output are
