@@ -9,8 +9,8 @@ on rank 0, fault.py). Arms alternate, R runs each; medians and the ratio to torc
     python benchmarks/frameworks/compare.py --scripts ddp,hf,lightning --repeats 3 --json out.json
 
 Arms: ``torchrun`` (``python -m torch.distributed.run --standalone``, its defaults: monitor
-interval 0.1 s), ``nvtrain`` (``python -m nvtrain run --policy warm.toml``: warm start, which a
-plain script gets only on request) and, with ``--cold``, ``nvtrain-cold`` (its defaults).
+interval 0.1 s), ``nvtrain`` (``python -m nvtrain run``, its defaults: warm start) and, with
+``--cold``, ``nvtrain-cold`` (``--no-warm-start``).
 Needs transformers and lightning for the hf and lightning scripts.
 """
 
@@ -34,8 +34,6 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 SCRIPTS = {"ddp": "ddp_train.py", "hf": "hf_train.py", "lightning": "lightning_train.py"}
 OUT_FLAG = {"ddp": "--ckpt", "hf": "--out", "lightning": "--out"}
-WARM_POLICY = HERE / "warm.toml"
-"""``[job] warm_start = true`` for a plain script (``--policy``)."""
 LINE = re.compile(r"BENCH (STEP|FAULT|MAIN) (\d+) (\d+\.\d+)")
 
 
@@ -43,9 +41,8 @@ def argv_for(arm: str, script: Path, nproc: int, args: list[str]) -> list[str]:
     if arm == "torchrun":
         head = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
         return [*head, "--max-restarts=1", str(script), *args]
-    # A plain script starts warm only when its policy asks (docs/run.md): the "nvtrain" arm's
-    # policy does; "nvtrain-cold" is the plain default.
-    policy = ["--policy", str(WARM_POLICY)] if arm == "nvtrain" else []
+    # The "nvtrain" arm is the default path (warm); "nvtrain-cold" opts out.
+    policy = ["--no-warm-start"] if arm == "nvtrain-cold" else []
     return [
         sys.executable,
         "-m",

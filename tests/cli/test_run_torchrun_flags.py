@@ -334,10 +334,10 @@ def test_log_options_go_to_ft_launcher_before_the_entrypoint(
         f"--log-dir={tmp_path / 'logs'}",
         "--local-ranks-filter=0,1",
         "-m",
-        "nvtrain.entry",  # a plain torchrun script starts cold unless the policy sets warm_start
+        "nvtrain.zygote.client",  # a plain torchrun script starts warm too
         "train.py",
     ]
-    plan = _plan("--tee=2", "-r3", "--log-dir", str(tmp_path / "l"), "train.py")
+    plan = _plan("--tee=2", "-r3", "--log-dir", str(tmp_path / "l"), "--no-warm-start", "train.py")
     assert _tail(plan, "--tee=2") == [
         "--tee=2",
         "--redirects=3",
@@ -348,21 +348,21 @@ def test_log_options_go_to_ft_launcher_before_the_entrypoint(
     ]
 
 
-def test_a_plain_script_starts_cold_unless_the_policy_asks_and_no_warm_start_opts_out(
+def test_a_plain_script_starts_warm_by_default_and_opts_out_by_key_or_flag(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _script(tmp_path)
     monkeypatch.chdir(tmp_path)
-    cold = _plan("--nproc-per-node", "2", "train.py", "--lr", "1")
-    assert cold["zygote"] is None  # train.py does not use nvtrain.worker: warm only on request
-    policy = tmp_path / "warm.toml"
-    policy.write_text('[job]\nname = "w"\nscript = "train.py"\nwarm_start = true\n', encoding="utf-8")
-    warm = _plan("--policy", str(policy), "--nproc-per-node", "2", "train.py", "--lr", "1")
+    warm = _plan("--nproc-per-node", "2", "train.py", "--lr", "1")
+    # train.py does not use nvtrain.worker: the server imports torch only (--plain)
     assert warm["zygote"] is not None and "--plain" in warm["zygote"]
     assert warm["argv"][-4:] == ["nvtrain.zygote.client", "train.py", "--lr", "1"]
-    off = _plan(
-        "--policy", str(policy), "--nproc-per-node", "2", "--no-warm-start", "train.py", "--no-warm-start"
-    )
+    policy = tmp_path / "cold.toml"
+    policy.write_text('[job]\nname = "w"\nscript = "train.py"\nwarm_start = false\n', encoding="utf-8")
+    cold = _plan("--policy", str(policy), "--nproc-per-node", "2", "train.py", "--lr", "1")
+    assert cold["zygote"] is None
+    assert cold["argv"][-5:] == ["-m", "nvtrain.entry", "train.py", "--lr", "1"]
+    off = _plan("--nproc-per-node", "2", "--no-warm-start", "train.py", "--no-warm-start")
     assert off["zygote"] is None
     # nvtrain's flag before the script; the same word after it is the script's
     assert off["argv"][-4:] == ["-m", "nvtrain.entry", "train.py", "--no-warm-start"]

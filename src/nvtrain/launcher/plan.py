@@ -266,9 +266,7 @@ def build_plan(
     argv += launcher_options
     target = ["-m", job.module] if job.module is not None else [str(job.script)]
     zygote: list[str] | None = None
-    # Warm by default for scripts of the worker library; a plain torchrun script only when the
-    # policy asks (a plain DDP script's warm workers hung at exit under load: issue 37's note).
-    warm = job.warm_start and (worker_library or "warm_start" in job.model_fields_set)
+    warm = job.warm_start  # on by default, plain torchrun scripts included
     if warm and zygote_path:
         # Workers are forked from a warm interpreter (nvtrain.zygote); the client stands in
         # for each one towards ft_launcher.

@@ -13,13 +13,18 @@ monitors), and SIGKILLs whatever of the child's tree still runs ``guard`` second
 parent-death signal, ``PR_SET_PDEATHSIG``, is not used: Linux sends it again each time the child
 is handed to another thread of the dying parent, and a second SIGTERM makes ft_launcher abandon
 the shutdown of its workers half-way.)
+
+A ``Child``'s exit is waited for on a pidfd (Linux 5.3+; elsewhere ``Popen.wait``, which polls):
+the supervisor learns that ft_launcher ended the moment it ends, not at its next look.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -84,6 +89,15 @@ def _reap() -> None:
             return
 
 
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when process ``pid`` ends; None where the kernel or
+    Python has no pidfds."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
 class Child:
     """One child process in a session of its own, stopped TERM -> deadline -> KILL.
 
@@ -106,6 +120,7 @@ class Child:
             errors="replace" if capture else None,
         )
         self.pid = self.popen.pid
+        self._pidfd = _pidfd(self.pid)  # the child is not waited for yet: the pid is its own
         self.guard: subprocess.Popen[bytes] | None = None
         self._guard_pipe: int | None = None
         if guard is not None:
@@ -127,6 +142,13 @@ class Child:
         return iter(stream)
 
     def wait(self, timeout: float | None = None) -> int | None:
+        """The child's exit status once it has exited, waiting up to ``timeout`` seconds (None:
+        as long as it takes); None while it runs."""
+        if timeout is not None and self._pidfd is not None and self.popen.returncode is None:
+            poller = select.poll()
+            poller.register(self._pidfd, select.POLLIN)
+            poller.poll(max(0, math.ceil(timeout * 1000)))  # resumed after a signal handler
+            return self.poll()
         try:
             return self._ended(self.popen.wait(timeout))
         except subprocess.TimeoutExpired:
@@ -137,11 +159,21 @@ class Child:
         if code is not None and self._guard_pipe is not None:
             os.close(self._guard_pipe)
             self._guard_pipe = None
+        if code is not None and self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
         return code
 
     def send(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             self.popen.send_signal(signum)
+
+    def kill(self) -> int:
+        """SIGKILL the child (not its group) and wait for it; returns its exit status."""
+        self.send(signal.SIGKILL)
+        code = self.wait()
+        assert code is not None
+        return code
 
     def stop(self, deadline: float, signum: int = signal.SIGTERM) -> int:
         """Send ``signum`` to the child, wait until ``deadline`` (monotonic), then KILL the

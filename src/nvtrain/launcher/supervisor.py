@@ -201,10 +201,18 @@ class Supervisor:
 
     def start_zygote(self) -> Child | None:
         """Start the warm-start server (``plan.zygote``), if the policy asks for one, in a
-        session of its own; it goes with the leftovers once ft_launcher has exited."""
+        session of its own; ``stop_zygote`` ends it once ft_launcher has exited."""
         if not self.plan.zygote:
             return None
         return Child(self.plan.zygote, self.env, capture=False, guard=self.plan.stop_timeout + STOP_GRACE)
+
+    def stop_zygote(self, zygote: Child) -> None:
+        """End the warm-start server once ft_launcher has exited: SIGKILL, at once. It has nothing
+        left to do or to save (its socket is in the run's state folder, removed with it; a
+        worker it forked that still runs goes with the leftovers), and on SIGTERM it would exit
+        through the interpreter's finalization, which takes a few tenths of a second with torch
+        imported."""
+        zygote.kill()
 
     def kill_leftovers(self) -> list[int]:
         """Stop every descendant left once ft_launcher has exited; returns the pids killed."""
@@ -321,7 +329,7 @@ class Supervisor:
 
     def _run_launcher(self) -> int:
         self.watch.launcher_started()
-        self.start_zygote()
+        zygote = self.start_zygote()
         launcher = self.start_launcher()
         self.launcher = launcher
         self.emit(LauncherStarted(launcher_pid=launcher.pid))
@@ -339,6 +347,8 @@ class Supervisor:
             code = self._wait(launcher)
         finally:
             self.launcher = None
+            if zygote is not None:
+                self.stop_zygote(zygote)
             leftovers = self.kill_leftovers()
             for reader in readers:
                 reader.join(timeout=5.0)

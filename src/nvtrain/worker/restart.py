@@ -13,7 +13,6 @@ ft_launcher.
 
 import contextlib
 import datetime
-import gc
 import inspect
 import os
 import re
@@ -29,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nvtrain import entry
 from nvtrain.config.schema import Policy
 from nvtrain.events import EventLog
 from nvtrain.events.records import (
@@ -241,7 +241,7 @@ def run(main: Main) -> Any:
             # NVRx runs `while gc.collect(): pass` between attempts: with torch imported that is
             # 2 x 0.1-0.3 s of every in-process restart spent walking objects that live as long as
             # the process. Frozen now, they are skipped; what the attempts create is not frozen.
-            gc.freeze()
+            entry.freeze()  # gc.freeze(), noting a file open for writing for the ending
             return _run_in_process(main, settings, events, heartbeat, faults)
         return _attempt(main, settings, events, heartbeat, faults, iteration=0)
     except BaseException as exc:
@@ -326,6 +326,13 @@ def _run_in_process(
     # times out and a hang in Python went undetected until the heartbeat timeout. Reading four
     # times as often as messages arrive lets the check run.
     monitor_tick = tick / 4
+    # NVRx's monitor thread waits on the store for an interruption, `monitor_thread_interval` at a
+    # time, on the client that the rank's completion (`record_completed`) then uses: the client
+    # serialises the two, so a finished run waited up to a whole interval (1 s) before it could
+    # exit. Shorter waits cost store requests (one wait and its cancel per rank per interval):
+    # 0.1 s up to 100 ranks, growing with the world to `tick` at 1,000 (1,000 waits/s at most).
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    monitor_wait = min(tick, datetime.timedelta(seconds=max(0.1, world / 1000)))
     interrupted: list[str] = []  # the first interruption NVRx raised in this attempt, if any
 
     class _DropCheckpoint(inprocess.finalize.Finalize):  # type: ignore[misc]
@@ -386,7 +393,7 @@ def _run_in_process(
         heartbeat_timeout=datetime.timedelta(seconds=min(soft, barrier / 2)),
         barrier_timeout=datetime.timedelta(seconds=barrier),
         completion_timeout=datetime.timedelta(seconds=barrier),
-        monitor_thread_interval=tick,
+        monitor_thread_interval=monitor_wait,
         monitor_process_interval=monitor_tick,
         heartbeat_interval=tick,
         progress_watchdog_interval=tick,
