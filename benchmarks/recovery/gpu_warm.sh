@@ -15,7 +15,7 @@ for part in "$@"; do
         --json "$OUT/warm-4096.json" > "$OUT/warm-4096.log" 2>&1
       echo "demo4096 exit $?"; grep -v "Warning\|warn" "$OUT/warm-4096.log" | tail -8 ;;
     sigkill)
-      timeout 200 python3 benchmarks/recovery/sigkill.py --warm --faults 3 --repeats 1 --startup-reps 0 \
+      timeout 200 python3 benchmarks/recovery/sigkill.py --faults 3 --repeats 1 --startup-reps 0 \
         --json "$OUT/sigkill-warm.json" > "$OUT/sigkill-warm.log" 2>&1
       echo "sigkill exit $?"; grep -E "^\| (nvtrain|torchrun)|^- median" "$OUT/sigkill-warm.log" | head -20 ;;
     demo4gb)

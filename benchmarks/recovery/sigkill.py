@@ -3,7 +3,8 @@
 Part 1 runs ``worker.py`` (2 gloo ranks; rank 1 SIGKILLs itself at K steps, each fault once
 per run) under two launchers, alternating, R times each:
 
-* ``nvtrain``: ``nvtrain run policy.toml`` (in-process restart off, in-job ``max_restarts = K``);
+* ``nvtrain``: ``nvtrain run policy.toml`` (in-process restart off, in-job ``max_restarts = K``;
+  no ``warm_start`` key: the default, warm; ``--cold`` adds ``nvtrain-cold``, ``warm_start = false``);
 * ``torchrun``: ``torchrun --nproc-per-node=2 --max-restarts=K --monitor-interval=<same>
   --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:<port> worker.py ...``.
 
@@ -242,7 +243,7 @@ def _median(values: list[float]) -> float | None:
 
 
 def write_policy(
-    path: Path, *, port: int, worker_args: list[str], faults: int, monitor: float, warm: bool = False
+    path: Path, *, port: int, worker_args: list[str], faults: int, monitor: float, warm: bool | None = None
 ) -> None:
     args = ", ".join(json.dumps(a) for a in worker_args)
     path.write_text(
@@ -254,7 +255,7 @@ script = {json.dumps(str(WORKER))}
 args = [{args}]
 nproc_per_node = 2
 collective_timeout = "60s"
-warm_start = {"true" if warm else "false"}
+{"" if warm is None else f"warm_start = {str(warm).lower()}"}
 
 [rendezvous]
 nodes = 1
@@ -304,7 +305,7 @@ def recovery_run(arm: str, index: int, root: Path, opts: argparse.Namespace, fau
             worker_args=wargs,
             faults=k,
             monitor=opts.monitor_interval,
-            warm=arm == "nvtrain-warm",
+            warm=False if arm == "nvtrain-cold" else None,
         )
         argv = [*_tool("nvtrain", "nvtrain"), "run", str(policy)]
     else:
@@ -576,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shared-store", action="store_true", help="keep torch's shared rendezvous store")
     parser.add_argument("--json", type=Path, help="write every measurement here")
     parser.add_argument(
-        "--warm", action="store_true", help="add the arm nvtrain-warm: `nvtrain run` with [job] warm_start"
+        "--cold", action="store_true", help="add the arm nvtrain-cold: `nvtrain run` with warm_start = false"
     )
     parser.add_argument("--keep", type=Path, help="keep logs and policies in this directory")
     opts = parser.parse_args(argv)
@@ -602,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     recovery: list[Run] = []
     startup: list[Run] = []
-    arms = ["nvtrain", *(["nvtrain-warm"] if opts.warm else []), "torchrun"]
+    arms = ["nvtrain", *(["nvtrain-cold"] if opts.cold else []), "torchrun"]
     try:
         for i in range(opts.repeats):
             for arm in arms if i % 2 == 0 else arms[::-1]:

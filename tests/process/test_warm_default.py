@@ -60,6 +60,20 @@ def test_a_torchrun_script_is_forked_warm_by_default(nvtrain: NvtrainRunner, tmp
     assert "warm start: off" not in err
 
 
+def test_a_deep_tmpdir_and_a_long_name_still_start_warm(nvtrain: NvtrainRunner, tmp_path: Path) -> None:
+    # The server's socket lies in the state folder under $TMPDIR, named for the run id: here its
+    # path is well over the 107 bytes a socket address holds (it was "AF_UNIX path too long",
+    # a traceback, and every worker cold without a word).
+    deep = nvtrain.tmpdir / ("t" * 60) / ("u" * 60)
+    deep.mkdir(parents=True, mode=0o700)
+    script = tmp_path / ("a_training_script_with_a_long_name" + "_x" * 8 + ".py")
+    script.write_text(SCRIPT.format(extra=""), encoding="utf-8")
+    run = nvtrain.start("--nproc-per-node", "2", str(script), env={"TMPDIR": str(deep)})
+    assert run.wait(timeout=120) == 0, run.describe()
+    assert _workers(run.stdout) == [(r, "True", "-m nvtrain.zygote.server") for r in ("0", "1")], run.describe()
+    assert "warm start" not in run.stderr and "Traceback" not in run.stderr, run.describe()
+
+
 def test_a_warm_ddp_script_ends_when_it_is_over(nvtrain: NvtrainRunner) -> None:
     # DDP's reducer holds the gloo group (after destroy_process_group too): freed when the
     # script returned, its destructor could wait for a gloo thread that waited for the GIL the

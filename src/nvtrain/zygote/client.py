@@ -33,6 +33,7 @@ from typing import Any, NoReturn
 
 from nvtrain.entry import Target, finish, parse, run
 from nvtrain.zygote import ENV
+from nvtrain.zygote.unixpath import reachable
 from nvtrain.zygote.wire import Reader, send
 
 __all__ = ["main"]
@@ -69,7 +70,8 @@ def _cold(target: Target) -> NoReturn:
 def _connect(path: str) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(path)
+        with reachable(path) as name:  # a path of any length (unixpath)
+            sock.connect(name)
     except OSError:
         sock.close()
         return None

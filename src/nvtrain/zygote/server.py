@@ -50,6 +50,7 @@ from typing import Any, NoReturn
 
 from nvtrain.entry import Exit, Target, finish, run
 from nvtrain.private import check_private_dir
+from nvtrain.zygote.unixpath import reachable
 from nvtrain.zygote.wire import Reader, encode, send
 
 __all__ = ["main", "script_imports"]
@@ -228,7 +229,11 @@ def listen(path: str) -> socket.socket:
             os.unlink(stale)
     umask = os.umask(0o177)  # one thread: nothing else makes files meanwhile
     try:
-        listener.bind(path + ".tmp")
+        with reachable(path + ".tmp") as name:  # a path of any length (unixpath)
+            listener.bind(name)
+    except OSError:
+        listener.close()
+        raise
     finally:
         os.umask(umask)
     listener.listen(BACKLOG)
@@ -556,7 +561,16 @@ def main(argv: list[str] | None = None) -> None:
         return
     # Bound before the imports: the first workers wait for them instead of importing torch
     # each (a SIGKILL or a crash closes the socket, and they start cold).
-    listener = listen(args.socket)
+    try:
+        listener = listen(args.socket)
+    except OSError as exc:
+        print(
+            f"nvtrain warm start: off, workers start cold: cannot listen on {args.socket}: "
+            f"{exc.strerror or exc} ([job] warm_start = false skips the server)",
+            file=sys.stderr,
+        )
+        signal.pause()
+        return
     try:
         failed = preload(args.script, args.module, plain=args.plain)
         if failed:

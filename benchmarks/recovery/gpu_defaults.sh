@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Issue 37 on one H200: the default path (no warm-start key, no memory_dir key), NVRx from the
+# wheels in .whl/ (0.7.0), one rank per GPU (NCCL refuses two ranks on one GPU). Results in $OUT.
+#   bash benchmarks/recovery/gpu_defaults.sh demo       # SIGKILL -> next step, demo --width 4096 and the 4 GB demo
+#   bash benchmarks/recovery/gpu_defaults.sh inprocess  # exception -> next step, demo --width 4096
+#   bash benchmarks/recovery/gpu_defaults.sh frameworks # DDP, HF Trainer, Lightning scripts: torchrun vs nvtrain run
+#   bash benchmarks/recovery/gpu_defaults.sh sigkill    # benchmarks/recovery/sigkill.py, monitor interval 0.1 s
+#   bash benchmarks/recovery/gpu_defaults.sh restore    # hostcopy_restore.py into GPU memory, 4 GB
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/gpu-defaults}; mkdir -p "$OUT"
+for part in "$@"; do
+  case $part in
+    demo)
+      timeout 200 python3 benchmarks/recovery/hostcopy.py --nproc 1 --backend nccl --demo-args "--width 4096" \
+        --arms memory --faults 4 --repeats 1 --steps 90 --disk-gb 1 --timeout 150 --out /tmp/hc \
+        --json "$OUT/demo-4096.json" > "$OUT/demo-4096.log" 2>&1
+      echo "demo4096 exit $?"; grep -v "Warning\|warn" "$OUT/demo-4096.log" | tail -8
+      timeout 260 python3 benchmarks/recovery/hostcopy.py --nproc 1 --backend nccl \
+        --demo-args "--width 8192 --depth 5" --arms memory --faults 2 --repeats 1 --steps 60 --interval 20 \
+        --step-time 0.2 --disk-gb 1 --timeout 220 --out /tmp/hc4 \
+        --json "$OUT/demo-4gb.json" > "$OUT/demo-4gb.log" 2>&1
+      echo "demo4gb exit $?"; grep -v "Warning\|warn" "$OUT/demo-4gb.log" | tail -7 ;;
+    inprocess)
+      timeout 150 python3 benchmarks/recovery/side_by_side.py --nproc 1 --backend nccl --demo-args "--width 4096" \
+        --arms in-process --modes async --kinds exception --faults 4 --repeats 1 --timeout 120 \
+        --out /tmp/gpu-ip --json "$OUT/inprocess.json" > "$OUT/inprocess.log" 2>&1
+      echo "inprocess exit $?"
+      python3 benchmarks/recovery/side_by_side.py --summarize "$OUT/inprocess.json" | tee "$OUT/inprocess.md" | tail -12 ;;
+    frameworks)
+      timeout 560 python3 benchmarks/frameworks/compare.py --nproc 1 --scripts ddp,hf,lightning --repeats 3 \
+        --timeout 120 --json "$OUT/frameworks.json" > "$OUT/frameworks.log" 2>&1
+      echo "frameworks exit $?"; grep -E "recovery median" "$OUT/frameworks.log" ;;
+    sigkill)
+      timeout 300 python3 benchmarks/recovery/sigkill.py --faults 3 --repeats 2 --startup-reps 0 --monitor-interval 0.1 \
+        --json "$OUT/sigkill.json" > "$OUT/sigkill.log" 2>&1
+      echo "sigkill exit $?"; grep -E "^\| (nvtrain|torchrun)|^- median" "$OUT/sigkill.log" | head -20 ;;
+    restore)
+      timeout 200 python3 benchmarks/recovery/hostcopy_restore.py --size 4G --repeats 3 --device cuda --first-step \
+        --json "$OUT/restore.json" > "$OUT/restore.log" 2>&1
+      echo "restore exit $?"; tail -15 "$OUT/restore.log" ;;
+  esac
+done
