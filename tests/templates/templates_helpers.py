@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import yaml
 from crd_schemas import SCHEMAS, crd_errors
 from kubernetes_validate import utils as kv
@@ -104,145 +103,61 @@ def schema_errors(obj: dict[str, Any], version: str) -> str | None:
     return None
 
 
-_DNS_LABEL = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-_JOB_TEMPLATE = {
-    "type": "object",
-    "required": ["spec"],
-    "properties": {"metadata": {"type": "object"}, "spec": {"type": "object"}},
-    "additionalProperties": False,
-}
-JOBSET_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "additionalProperties": False,
-    "properties": {
-        "apiVersion": {"const": "jobset.x-k8s.io/v1alpha2"},
-        "kind": {"const": "JobSet"},
-        "metadata": {
-            "type": "object",
-            "required": ["name"],
-            "properties": {
-                "name": {"type": "string", "pattern": _DNS_LABEL, "maxLength": 63},
-                "namespace": {"type": "string", "pattern": _DNS_LABEL, "maxLength": 63},
-                "labels": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 63}},
-            },
-        },
-        "spec": {
-            "type": "object",
-            "required": ["replicatedJobs"],
-            "additionalProperties": False,
-            "properties": {
-                "replicatedJobs": {
-                    "type": "array",
-                    "minItems": 1,
-                    "items": {
-                        "type": "object",
-                        "required": ["name", "template"],
-                        "additionalProperties": False,
-                        "properties": {
-                            "name": {"type": "string", "pattern": _DNS_LABEL, "maxLength": 63},
-                            "replicas": {"type": "integer", "minimum": 0},
-                            "template": _JOB_TEMPLATE,
-                        },
-                    },
-                },
-                "network": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "properties": {
-                        "enableDNSHostnames": {"type": "boolean"},
-                        "subdomain": {"type": "string", "pattern": _DNS_LABEL, "maxLength": 63},
-                        "publishNotReadyAddresses": {"type": "boolean"},
-                    },
-                },
-                "ttlSecondsAfterFinished": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1},
-                "failurePolicy": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "properties": {
-                        "maxRestarts": {"type": "integer", "minimum": 0},
-                        "rules": {
-                            "type": "array",
-                            "items": {
-                                "type": "object",
-                                "required": ["name", "action"],
-                                "additionalProperties": False,
-                                "properties": {
-                                    "name": {
-                                        "type": "string",
-                                        "pattern": "^[a-zA-Z]([a-zA-Z0-9_]*[a-zA-Z0-9])?$",
-                                    },
-                                    "action": {
-                                        "enum": [
-                                            "FailJobSet",
-                                            "RestartJobSet",
-                                            "RestartJobSetAndIgnoreMaxRestarts",
-                                        ]
-                                    },
-                                    "onJobFailureReasons": {
-                                        "type": "array",
-                                        "items": {
-                                            "enum": [
-                                                "BackoffLimitExceeded",
-                                                "DeadlineExceeded",
-                                                "FailedIndexes",
-                                                "MaxFailedIndexesExceeded",
-                                                "PodFailurePolicy",
-                                            ]
-                                        },
-                                    },
-                                    "targetReplicatedJobs": {"type": "array", "items": {"type": "string"}},
-                                },
-                            },
-                        },
-                    },
-                },
-            },
-        },
-    },
-}
-"""The fields of the JobSet CRD (``jobset.x-k8s.io/v1alpha2``) that nvtrain renders, with their
-types, required fields and enums as the CRD declares them. kubernetes-validate ships no CRD
-schemas and none is packaged on PyPI, so this subset is written out here; fields that nvtrain
-does not render (successPolicy, startupPolicy, ...) are refused so that a new one gets a check."""
-
-
 def jobset_errors(obj: dict[str, Any], version: str) -> list[str]:
-    """Problems of a JobSet: its own fields against ``JOBSET_SCHEMA``, and each replicated Job's
-    template wrapped as a ``batch/v1`` Job against the strict schema of Kubernetes ``version``."""
-    errors = [
-        f"JobSet {obj.get('metadata', {}).get('name')} {'.'.join(map(str, e.absolute_path))}: {e.message}"
-        for e in jsonschema.Draft202012Validator(JOBSET_SCHEMA).iter_errors(obj)
-    ]
-    if errors:
-        return errors
-    name = obj["metadata"]["name"]
-    for replicated in obj["spec"]["replicatedJobs"]:
+    """Problems of a JobSet: against the schema of the pinned upstream JobSet CRD
+    (``crd_schemas``), and each replicated Job's template wrapped as a ``batch/v1`` Job against
+    the strict schema of Kubernetes ``version`` (which knows more of the pod than the CRD)."""
+    name = obj.get("metadata", {}).get("name")
+    return crd_errors(obj) + replicated_job_errors(obj, obj.get("spec"), str(name), version)
+
+
+def runtime_errors(obj: dict[str, Any], version: str) -> list[str]:
+    """Problems of a Trainer runtime: against its pinned upstream CRD, and the replicated Jobs
+    of its JobSet template as in ``jobset_errors`` (named as Trainer names them for a TrainJob
+    named after the runtime)."""
+    name = obj.get("metadata", {}).get("name")
+    template = obj.get("spec", {}).get("template", {})
+    jobset_spec = template.get("spec") if isinstance(template, dict) else None
+    return crd_errors(obj) + replicated_job_errors(obj, jobset_spec, str(name), version)
+
+
+def replicated_job_errors(obj: dict[str, Any], jobset_spec: Any, name: str, version: str) -> list[str]:
+    """Each replicated Job of ``jobset_spec`` (of the JobSet, or JobSet template, ``obj``)
+    as a ``batch/v1`` Job of the JobSet ``name`` against Kubernetes ``version``."""
+    errors: list[str] = []
+    replicated_jobs = jobset_spec.get("replicatedJobs") if isinstance(jobset_spec, dict) else None
+    for replicated in replicated_jobs if isinstance(replicated_jobs, list) else []:
+        if not isinstance(replicated, dict) or not {"name", "template"} <= set(replicated):
+            continue  # the CRD's finding
         template = replicated["template"]
+        if not isinstance(template, dict) or not isinstance(template.get("spec"), dict):
+            continue
         job_name = f"{name}-{replicated['name']}-{replicated.get('replicas', 1) - 1}"
         # JobSet names pod i of Job j <jobset>-<replicated job>-<j>-<i>, and each must be a DNS label.
         last_pod = f"{job_name}-{template['spec'].get('completions', 1) - 1}"
         if len(last_pod) > 63:
-            errors.append(f"JobSet {name}: pod name {last_pod} is longer than 63 characters")
+            errors.append(f"{obj['kind']} {name}: pod name {last_pod} is longer than 63 characters")
         job = {
             "apiVersion": "batch/v1",
             "kind": "Job",
             "metadata": {**template.get("metadata", {}), "name": job_name},
             "spec": template["spec"],
         }
-        if "namespace" in obj["metadata"]:
+        if "namespace" in obj.get("metadata", {}):
             job["metadata"]["namespace"] = obj["metadata"]["namespace"]
         problem = schema_errors(job, version)
         if problem:
-            errors.append(f"JobSet {name} replicated job {replicated['name']}: {problem}")
+            errors.append(f"{obj['kind']} {name} replicated job {replicated['name']}: {problem}")
     return errors
 
 
 def object_errors(obj: dict[str, Any], version: str) -> list[str]:
-    """Problems of any rendered object: the JobSet as above, the PodMonitor and PodGroup against
-    ``crd_schemas``, the others by kubernetes-validate."""
+    """Problems of any rendered object: the JobSet as above, the other custom resources against
+    their upstream CRDs (``crd_schemas``), the built-in kinds by kubernetes-validate."""
     if obj["kind"] == "JobSet":
         return jobset_errors(obj, version)
+    if obj["kind"] in ("ClusterTrainingRuntime", "TrainingRuntime"):
+        return runtime_errors(obj, version)
     if obj["kind"] in SCHEMAS:
         return crd_errors(obj)
     problem = schema_errors(obj, version)

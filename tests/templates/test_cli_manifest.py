@@ -88,7 +88,7 @@ def test_every_option_reaches_the_objects(tmp_path: Path) -> None:
     assert env["NCCL_DEBUG"] == "INFO" and env["EXTRA"] == "a=b"
     assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "p5.48xlarge"}
     assert job["metadata"]["labels"]["team"] == "ml"
-    assert job["spec"]["backoffLimit"] == 3
+    assert job["spec"]["backoffLimit"] == 3 * job["spec"]["completions"] == 6  # per pod, 2 pods
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == "fsx"
     assert volumes["dshm"]["emptyDir"]["sizeLimit"] == "64Gi"

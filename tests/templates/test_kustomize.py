@@ -184,10 +184,109 @@ def test_other_kustomize_2_fields_keep_it_valid(tmp_path: Path, change: str) -> 
     assert code == 0, data["findings"]
 
 
-def test_a_renamed_jobset_needs_no_configuration(tmp_path: Path) -> None:
-    render(tmp_path / "js", starter_named("llm-workers-0"), "--jobset")
-    out = kustomize(tmp_path / "js", without_configuration(documented_files()["kustomization.yaml"]))
+def configured(directory: Path, kustomization: str) -> Path:
+    """``kubectl kustomize`` with ``kustomization`` and the documented nvtrain-names.yaml."""
+    files = documented_files()
+    return kustomize(directory, kustomization, {"nvtrain-names.yaml": files["nvtrain-names.yaml"]})
+
+
+def errors_of(data: dict[str, Any]) -> list[tuple[str, str, str]]:
+    return sorted((f["code"], f["table"], f["key"]) for f in data["findings"] if f["severity"] == "error")
+
+
+JOBSET = starter_named("llm-workers-0")
+JOBSET_VOLUME = "spec.replicatedJobs[0].template.spec.template.spec.volumes[0].configMap.name"
+EXPERIMENT = "commonLabels:\n  nvtrain.dev/experiment: exp1\n"
+
+
+def pod_templates(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    if doc["kind"] == "JobSet":
+        return [rj["template"]["spec"]["template"] for rj in doc["spec"]["replicatedJobs"]]
+    return [doc["spec"]["template"]]
+
+
+def test_a_prefixed_jobset_mounts_its_renamed_configmap(tmp_path: Path) -> None:
+    # High finding 1: Kustomize renames the ConfigMap but not its reference inside the JobSet.
+    render(tmp_path / "naive", JOBSET, "--jobset")
+    out = kustomize(tmp_path / "naive", without_configuration(documented_files()["kustomization.yaml"]))
+    [configmap] = [d["metadata"]["name"] for d in objects(out) if d["kind"] == "ConfigMap"]
+    assert configmap.startswith("exp1-llm-workers-0-policy-")
+    code, data = validate(out)
+    assert code == 2
+    assert errors_of(data) == [("manifest-configmap", "JobSet exp1-llm", JOBSET_VOLUME)]
+    [error] = [f for f in data["findings"] if f["code"] == "manifest-configmap"]
+    assert error["value"] == json.dumps(configmap.removeprefix("exp1-"))
+    assert configmap in error["rule"] and "ContainerCreating" in error["rule"]
+    assert "nvtrain-names.yaml" in error["fix"]
+
+    render(tmp_path / "exp1", with_control_store(JOBSET), "--jobset")
+    out = configured(tmp_path / "exp1", documented_files()["kustomization.yaml"])
     [jobset] = [d for d in objects(out) if d["kind"] == "JobSet"]
-    assert jobset["metadata"]["name"] == "exp1-llm"
+    [configmap] = [d["metadata"]["name"] for d in objects(out) if d["kind"] == "ConfigMap"]
+    for template in pod_templates(jobset):  # the training pods and the control pod
+        assert template["spec"]["volumes"][0]["configMap"]["name"] == configmap
     code, data = validate(out)
     assert code == 0, data["findings"]
+
+
+def test_common_labels_on_a_jobset_keep_the_network_policy_covering_the_pods(tmp_path: Path) -> None:
+    # High finding 2: commonLabels reach the NetworkPolicy's selectors but not the JobSet's pods.
+    naive = "resources:\n- job.yaml\n" + EXPERIMENT
+    render(tmp_path / "naive", with_control_store(JOBSET), "--jobset")
+    out = kustomize(tmp_path / "naive", naive)
+    [policy] = [d for d in objects(out) if d["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["podSelector"]["matchLabels"]["nvtrain.dev/experiment"] == "exp1"
+    code, data = validate(out)
+    assert code == 2
+    assert errors_of(data) == [("manifest-selector", "NetworkPolicy llm-workers-0-peers", "spec.podSelector")]
+    [error] = [f for f in data["findings"] if f["severity"] == "error"]
+    assert "open to every pod of the cluster" in error["rule"]
+    assert "training pods of JobSet llm" in error["rule"] and "control pod" in error["rule"]
+
+    render(tmp_path / "exp1", with_control_store(JOBSET), "--jobset")
+    out = configured(tmp_path / "exp1", documented_files()["kustomization.yaml"] + EXPERIMENT)
+    [jobset] = [d for d in objects(out) if d["kind"] == "JobSet"]
+    for template in pod_templates(jobset):
+        assert template["metadata"]["labels"]["nvtrain.dev/experiment"] == "exp1"
+    code, data = validate(out)
+    assert code == 0, data["findings"]
+
+
+def test_a_prefixed_volcano_job_names_its_renamed_pod_group(tmp_path: Path) -> None:
+    # High finding 3: the PodGroup is renamed, the pods' group annotation is not.
+    files = documented_files()
+    naive = files["kustomization.yaml"].replace("nvtrain-names.yaml", "services-only.yaml")
+    services_only = files["nvtrain-names.yaml"].split("- kind: ConfigMap", 1)[0]  # the old recipe
+    policy = with_control_store(STARTER)
+    render(tmp_path / "naive", policy, "--scheduler-name", "volcano")
+    out = kustomize(tmp_path / "naive", naive, {"services-only.yaml": services_only})
+    code, data = validate(out)
+    assert code == 2
+    annotation = 'spec.template.metadata.annotations["scheduling.k8s.io/group-name"]'
+    assert errors_of(data) == [
+        ("manifest-podgroup", "Job exp1-my-training", annotation),
+        ("manifest-podgroup", "Job exp1-my-training-control", annotation),
+    ]
+    assert all("exp1-my-training" in f["rule"] for f in data["findings"] if f["code"] == "manifest-podgroup")
+
+    for args, name in (([], "vol"), (["--jobset"], "vol-js")):
+        text = with_control_store(JOBSET) if args else policy
+        render(tmp_path / name, text, "--scheduler-name", "volcano", *args)
+        out = configured(tmp_path / name, files["kustomization.yaml"] + EXPERIMENT)
+        [group] = [d["metadata"]["name"] for d in objects(out) if d["kind"] == "PodGroup"]
+        assert group.startswith("exp1-")
+        for doc in objects(out):
+            if doc["kind"] in ("Job", "JobSet"):
+                for template in pod_templates(doc):
+                    assert template["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == group
+        code, data = validate(out)
+        assert code == 0, data["findings"]
+
+
+def test_a_prefix_the_jobset_webhook_refuses_is_an_error(tmp_path: Path) -> None:
+    render(tmp_path / "digit", JOBSET, "--jobset")
+    kustomization = documented_files()["kustomization.yaml"].replace("namePrefix: exp1-", "namePrefix: 1-")
+    out = configured(tmp_path / "digit", kustomization)
+    code, data = validate(out)
+    assert code == 2
+    assert errors_of(data) == [("manifest-jobset-name", "JobSet 1-llm", "metadata.name")]

@@ -773,7 +773,9 @@ LONG_NAME = "llm-" + "x1" * 26 + "-end"
 """60 characters: with 16 nodes the longest pod name, ``<name>-15``, is 63, a DNS label's limit."""
 LONG_CONTROL_NAME = "llm-" + "c3" * 23 + "-end"
 """55 characters: the control pod's hostname, ``<name>-control``, is 63."""
-LONG_JOBSET_NAME = "llm-" + "y2" * 23 + "-workers-0"
+LONG_JOBSET_NAME = "llm-" + "y2" * 20 + "-workers-0"
+"""54 characters: with 16 nodes the JobSet webhook's longest pod name, ``<name>-15`` plus the
+6-character random suffix of a pod name, is 63."""
 LONG_NAMESPACE = "ns-" + "0z" * 30
 UNUSUAL_ARGS = [
     '--note=it\'s "quoted"',

@@ -423,7 +423,16 @@ def test_a_broken_control_job_gives_its_finding(
 ) -> None:
     policy, manifest = files(tmp_path, CONTROL_POLICY)
     edit_job(manifest, "llm-train-control", change)
-    [found] = manifest_findings(as_json(str(policy), "--manifest", str(manifest)), manifest)
+    every = manifest_findings(as_json(str(policy), "--manifest", str(manifest)), manifest)
+    [found] = [f for f in every if f["table"] == CONTROL_JOB]
+    others = {(f["severity"], f["code"], f["table"]) for f in every if f is not found}
+    if change is drop_instance_label:  # the Service and the NetworkPolicy no longer pick the pod
+        assert others == {
+            ("error", "manifest-selector", "Service llm-train"),
+            ("error", "manifest-selector", "NetworkPolicy llm-train-peers"),
+        }
+    else:
+        assert not others
     assert (found["severity"], found["code"], found["table"], found["key"]) == (
         "warning",
         "manifest-mismatch",
@@ -603,7 +612,13 @@ def test_a_broken_control_replicated_job_gives_its_finding(
 ) -> None:
     policy, manifest = files(tmp_path, JOBSET_CONTROL_POLICY, jobset=True)
     edit_replicated(manifest, "control", change)
-    [found] = manifest_findings(as_json(str(policy), "--manifest", str(manifest)), manifest)
+    every = manifest_findings(as_json(str(policy), "--manifest", str(manifest)), manifest)
+    [found] = [f for f in every if f["table"] == "JobSet llm"]
+    others = {(f["severity"], f["code"], f["table"]) for f in every if f is not found}
+    labels = "labels" in key  # the NetworkPolicy no longer covers the control pod
+    assert others == (
+        {("error", "manifest-selector", "NetworkPolicy llm-workers-0-peers")} if labels else set()
+    )
     assert (found["severity"], found["code"], found["table"], found["key"]) == (
         "warning",
         "manifest-mismatch",
@@ -619,7 +634,8 @@ def test_a_broken_control_replicated_job_gives_its_finding(
     leaf = key.rsplit(".", 1)[-1].split("[")[0]
     if value is not None:  # a key that is gone is shown where its parent is
         assert line.startswith((leaf, "- " + leaf)), line
-    assert validate(str(policy), "--manifest", str(manifest), "--strict").exit_code == 1
+    want = 2 if labels else 1
+    assert validate(str(policy), "--manifest", str(manifest), "--strict").exit_code == want
 
 
 def test_the_training_replicated_job_keeps_its_checks_beside_the_control_one(tmp_path: Path) -> None:

@@ -709,11 +709,16 @@ def test_every_object_is_valid_against_its_schema(case: str, version: str) -> No
 
 
 def test_the_crd_schemas_catch_a_broken_object() -> None:
+    """The upstream CRD schemas (``crd_schemas``) refuse wrong types, unknown fields (as strict
+    field validation does), values outside an enum, an apiVersion the CRD does not serve, and
+    metadata that is not an ObjectMeta."""
     text, options = PLATFORM_CASES["volcano-control"]
     objects = objects_of(text, options)
     for kind, path, value in (
         ("PodMonitor", ("spec", "podMetricsEndpoints", 0, "port"), 9400),
-        ("PodMonitor", ("spec", "selector", "matchLabels"), {}),
+        ("PodMonitor", ("spec", "podMetricsEndpoints", 0, "scheme"), "ftp"),
+        ("PodMonitor", ("spec", "podMetricsEndpoints", 0, "portt"), "metrics"),
+        ("PodMonitor", ("metadata", "labels"), {"team": 7}),
         ("PodMonitor", ("apiVersion",), "monitoring.coreos.com/v1alpha1"),
         ("PodGroup", ("spec", "minMember"), "5"),
         ("PodGroup", ("spec", "minMembers"), 5),

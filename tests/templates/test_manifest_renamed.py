@@ -52,8 +52,8 @@ def of_kind(docs: Docs, kind: str) -> list[dict[str, Any]]:
 
 
 def prefix(docs: Docs, text: str = "exp1-", namespace: str | None = "team-a", subdomain: bool = True) -> None:
-    """What Kustomize's namePrefix (with the nameReference configuration when ``subdomain``) and
-    namespace do to the objects nvtrain renders."""
+    """What Kustomize's namePrefix (with the configuration of docs/kubernetes.md when
+    ``subdomain``) and namespace do to the objects nvtrain renders."""
     for doc in docs:
         doc["metadata"]["name"] = text + doc["metadata"]["name"]
         if namespace is not None:
@@ -65,6 +65,11 @@ def prefix(docs: Docs, text: str = "exp1-", namespace: str | None = "team-a", su
                     volume["configMap"]["name"] = text + volume["configMap"]["name"]
             if subdomain:
                 pod["subdomain"] = text + pod["subdomain"]
+        if doc["kind"] == "JobSet" and subdomain:  # the configuration also renames its ConfigMap
+            for replicated in doc["spec"]["replicatedJobs"]:
+                for volume in replicated["template"]["spec"]["template"]["spec"]["volumes"]:
+                    if "configMap" in volume:
+                        volume["configMap"]["name"] = text + volume["configMap"]["name"]
 
 
 @pytest.mark.parametrize("with_policy", [True, False])

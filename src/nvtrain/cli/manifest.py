@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -33,6 +34,15 @@ def _counts(flag: str, items: list[str] | None) -> dict[str, int]:
             )
         counts[key] = int(value)
     return counts
+
+
+def _init_containers(files: list[Path] | None, read: Callable[[str, Path], Any]) -> tuple[Any, ...]:
+    """The containers of the ``--init-container`` files (each one container, or a list)."""
+    found: list[Any] = []
+    for path in files or []:
+        data = read("--init-container", path)
+        found += data if isinstance(data, list) else [data]
+    return tuple(found)
 
 
 @exit_on_error
@@ -71,7 +81,18 @@ def command(
         typer.Option(
             "--resource",
             metavar="NAME=COUNT",
-            help="Another extended resource per pod, e.g. rdma/hca_shared_devices_a=1 (repeatable).",
+            help="Another extended resource per pod, e.g. nvidia.com/mig-3g.40gb=1 (repeatable); "
+            "names holding rdma or hca (rdma/hca_shared_devices_a=1) are RDMA devices (IPC_LOCK).",
+            rich_help_panel=_POD,
+        ),
+    ] = None,
+    rdma_resource: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--rdma-resource",
+            metavar="NAME=COUNT",
+            help="An extended resource per pod that is an RDMA device whatever its name: the "
+            "training container gets IPC_LOCK (repeatable).",
             rich_help_panel=_POD,
         ),
     ] = None,
@@ -234,38 +255,154 @@ def command(
     ] = False,
     backoff_limit: Annotated[
         int,
-        typer.Option("--backoff-limit", metavar="N", help="Pod failures retried (never exit 2 or 4)."),
+        typer.Option(
+            "--backoff-limit",
+            metavar="N",
+            help="Failures retried per pod (never exit 2 or 4); the Job's backoffLimit is N x pods.",
+        ),
     ] = 6,
+    kubernetes: Annotated[
+        str,
+        typer.Option(
+            "--kubernetes",
+            metavar="VERSION",
+            help="Oldest Kubernetes version of the target clusters (MAJOR.MINOR); from 1.33 the "
+            "Job also gets backoffLimitPerIndex.",
+        ),
+    ] = "1.28",
     jobset: Annotated[
         bool, typer.Option("--jobset", help="Render a JobSet (jobset.x-k8s.io/v1alpha2) instead of the Job.")
     ] = False,
+    owner_script: Annotated[
+        Path | None,
+        typer.Option(
+            "--owner-script",
+            metavar="FILE",
+            help="Also write a shell script to run after `kubectl apply`: it makes the Job (or JobSet) "
+            "own the other objects, so they are deleted with it.",
+            rich_help_panel=_PLATFORM,
+        ),
+    ] = None,
+    monitoring_rules: Annotated[
+        bool,
+        typer.Option(
+            "--monitoring-rules",
+            help="Also render Prometheus alerts (a PrometheusRule) and a Grafana dashboard (a ConfigMap "
+            "labelled grafana_dashboard) for the job's metrics; needs [metrics] enabled = true.",
+            rich_help_panel=_PLATFORM,
+        ),
+    ] = False,
+    trainer_runtime: Annotated[
+        str | None,
+        typer.Option(
+            "--trainer-runtime",
+            metavar="SCOPE",
+            help="Render a Kubeflow Trainer v2 runtime instead of the Job: cluster "
+            "(ClusterTrainingRuntime) or namespaced (TrainingRuntime); TrainJobs name it in runtimeRef.",
+        ),
+    ] = None,
+    secret_env: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--secret-env",
+            metavar="SECRET",
+            help="Every key of this Secret as an environment variable of the training container "
+            "(repeatable).",
+            rich_help_panel=_POD,
+        ),
+    ] = None,
+    volume: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--volume",
+            metavar="KIND:NAME:PATH[:ro]",
+            help="Mount a pvc, secret or configmap at PATH in the training container (repeatable).",
+            rich_help_panel=_POD,
+        ),
+    ] = None,
+    init_container: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--init-container",
+            metavar="FILE",
+            help="YAML file with an init container of the training pods, or a list of them (repeatable).",
+            rich_help_panel=_POD,
+        ),
+    ] = None,
+    affinity: Annotated[
+        Path | None,
+        typer.Option(
+            "--affinity",
+            metavar="FILE",
+            help="YAML file with the training pods' affinity (nodeAffinity, podAffinity, podAntiAffinity).",
+            rich_help_panel=_PLATFORM,
+        ),
+    ] = None,
+    exclusive_topology: Annotated[
+        str | None,
+        typer.Option(
+            "--exclusive-topology",
+            metavar="NODE_LABEL",
+            help="JobSet exclusive placement: the job's pods alone in one domain of NODE_LABEL "
+            "(--jobset or --trainer-runtime).",
+            rich_help_panel=_PLATFORM,
+        ),
+    ] = None,
+    required_topology: Annotated[
+        str | None,
+        typer.Option(
+            "--required-topology",
+            metavar="NODE_LABEL",
+            help="Kueue Topology Aware Scheduling: the training pods only in one domain of NODE_LABEL.",
+            rich_help_panel=_PLATFORM,
+        ),
+    ] = None,
+    preferred_topology: Annotated[
+        str | None,
+        typer.Option(
+            "--preferred-topology",
+            metavar="NODE_LABEL",
+            help="Kueue Topology Aware Scheduling: the training pods in one domain of "
+            "NODE_LABEL, if they fit.",
+            rich_help_panel=_PLATFORM,
+        ),
+    ] = None,
 ) -> None:
     """Render the Kubernetes objects of POLICY as YAML: ConfigMap (the policy), headless Service,
     NetworkPolicy and an Indexed Job that runs `nvtrain run` on every node; with
     `[rendezvous] store = "control"` also a Job `<job>-control` that runs `nvtrain control`
     (with --jobset, a replicated Job of the JobSet); a PodMonitor and a Volcano PodGroup on request.
+    With --trainer-runtime, a Kubeflow Trainer v2 runtime instead of the Job and the Service.
 
     Names, namespace, nodes, port, grace period and checkpoint mount come from the policy.
     Exit 2 on an invalid policy or options.
     """
     from nvtrain.templates.manifest import ManifestOptions, manifest_from_file
+    from nvtrain.templates.podextras import read_yaml_option
 
     if output is not None:
         from nvtrain.cli._paths import refuse_overwrite
 
         refuse_overwrite("--output", output, {"the policy file": policy})
+    if owner_script is not None:
+        from nvtrain.cli._paths import refuse_overwrite
+
+        taken = {"the policy file": policy, **({"--output": output} if output is not None else {})}
+        refuse_overwrite("--owner-script", owner_script, taken)
     options = ManifestOptions(
         image=image,
         nvrx_version=nvrx,
         gpus_per_node=gpus,
         efa=efa,
         resources=_counts("--resource", resource),
+        rdma_resources=_counts("--rdma-resource", rdma_resource),
         cpu=cpu,
         memory=memory,
         checkpoint_pvc=checkpoint_pvc,
         shm_size=shm_size,
         state_per_rank=state_per_rank,
         backoff_limit=backoff_limit,
+        kubernetes=kubernetes,
         jobset=jobset,
         labels=_pairs("--label", label),
         env=_pairs("--env", env),
@@ -281,8 +418,28 @@ def command(
         ttl=ttl,
         queue=queue,
         pod_monitor=pod_monitor,
+        secret_env=tuple(secret_env or ()),
+        volumes=tuple(volume or ()),
+        init_containers=_init_containers(init_container, read_yaml_option),
+        affinity=read_yaml_option("--affinity", affinity) if affinity is not None else None,
+        exclusive_topology=exclusive_topology,
+        required_topology=required_topology,
+        preferred_topology=preferred_topology,
+        trainer_runtime=trainer_runtime,
+        monitoring_rules=monitoring_rules,
     )
     rendered = manifest_from_file(policy, options)
+    if owner_script is not None:
+        from nvtrain.templates.ownership import owner_script as script_of
+
+        text = script_of(rendered.objects, str(output) if output is not None else "<manifest>")
+        try:
+            owner_script.write_text(text, encoding="utf-8")
+            owner_script.chmod(0o755)
+        except OSError as exc:
+            raise UsageError(
+                f"cannot write {owner_script}: {exc.strerror or exc}", "check the path"
+            ) from None
     from nvtrain.cli._console import visible
 
     for note in rendered.notes:

@@ -26,6 +26,7 @@ YAML only as values that PyYAML quotes; nothing is pasted into YAML text. See
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import math
@@ -41,7 +42,7 @@ from nvtrain.config.checks import MAX_NPROC
 from nvtrain.config.schema import Policy
 from nvtrain.errors import ConfigError, ExitCode, UsageError
 from nvtrain.launcher.dns import CONTROL_SUFFIX
-from nvtrain.templates import monitoring, podsecurity, qos, scheduling
+from nvtrain.templates import alerts, monitoring, podextras, podsecurity, qos, scheduling, trainer_runtime
 from nvtrain.templates.names import CONTROL_CHARS as _CONTROL
 from nvtrain.templates.names import DNS_SUBDOMAIN as _DNS_SUBDOMAIN
 from nvtrain.templates.names import LABEL_VALUE as _LABEL_VALUE
@@ -56,14 +57,20 @@ __all__ = [
     "CONTAINER",
     "CONTROL_CONTAINER",
     "CONTROL_RESOURCES",
+    "EFA_RESOURCE",
+    "GPU_RESOURCE",
     "GRACE_MARGIN",
     "HOST_COPY_SLOTS",
+    "JOBSET_POD_SUFFIX",
     "NEVER_RETRY",
+    "OLDEST_KUBERNETES",
     "PEER_COPY_SLOTS",
+    "PER_INDEX_SINCE",
     "POLICY_FILE",
     "POLICY_MOUNT",
     "ManifestOptions",
     "Rendered",
+    "backoff_limit_total",
     "control_job_name",
     "control_job_spec",
     "dump",
@@ -71,11 +78,18 @@ __all__ = [
     "has_control_job",
     "host_copies_per_rank",
     "host_copy_bytes",
+    "is_rdma_resource",
+    "jobset_failure_policy",
+    "jobset_webhook_problems",
     "keeps_host_copy",
+    "kubernetes_version",
     "manifest_from_file",
     "notes",
+    "per_index",
     "ranks_per_pod",
+    "rdma_flags",
     "render",
+    "runtime",
     "selector",
     "sends_peer_copy",
 ]
@@ -115,6 +129,17 @@ CONFIGMAP_LIMIT = 1024 * 1024
 _INT32_MAX = 2**31 - 1
 """Kubernetes' ``backoffLimit`` is an int32; device counts beyond it are never meant either."""
 
+OLDEST_KUBERNETES = (1, 28)
+"""The oldest Kubernetes the manifests work on (Indexed Jobs, pod failure policy, the
+``batch.kubernetes.io/controller-uid`` label)."""
+
+PER_INDEX_SINCE = (1, 33)
+"""Kubernetes version from which the training Job gets ``backoffLimitPerIndex``: GA there (beta,
+on by default, since 1.29; a cluster may have turned it off before 1.33)."""
+
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+
 NEVER_RETRY = (int(ExitCode.USAGE), int(ExitCode.ESCALATED))
 """Exit codes that fail the Job at once: an invalid policy (2) and escalation (4)."""
 
@@ -150,8 +175,13 @@ class ManifestOptions:
     efa: int = 0
     """``vpc.amazonaws.com/efa`` devices per pod (AWS); adds the IPC_LOCK capability."""
     resources: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    """Other extended resources per pod, e.g. ``{"rdma/hca_shared_devices_a": 1}``; any RDMA
-    resource adds the IPC_LOCK capability."""
+    """Other extended resources per pod, e.g. ``{"nvidia.com/mig-3g.40gb": 1}`` or
+    ``{"rdma/hca_shared_devices_a": 1}``. Only those whose name says RDMA (``is_rdma_resource``)
+    add the IPC_LOCK capability; ``nvidia.com/gpu`` and ``vpc.amazonaws.com/efa`` are refused
+    (``--gpus`` and ``--efa`` set them)."""
+    rdma_resources: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Extended resources per pod that are RDMA devices whatever their name (``--rdma-resource``):
+    each adds the IPC_LOCK capability, as ``efa`` does."""
     cpu: str | None = None
     """CPU request (a Kubernetes quantity such as ``"90"`` or ``"500m"``)."""
     memory: str | None = None
@@ -167,7 +197,14 @@ class ManifestOptions:
     ranks of a pod is added to ``/dev/shm`` (``memory_dir`` in it) or mounted as a memory-backed
     emptyDir at ``memory_dir``. Unset: the sizes stay as they are and ``notes`` says so."""
     backoff_limit: int = 6
-    """Pod failures the Job retries (exit codes other than 2 and 4) before it fails."""
+    """Failures of each pod (each index) that the Job retries (exit codes other than 2 and 4)
+    before it fails: the Job's ``backoffLimit`` is this × the pods (``backoff_limit_total``), so
+    that one wave of failures of every pod (DNS not ready, a node pool restarted) does not fail a
+    large job; with ``kubernetes`` 1.33 or later also ``backoffLimitPerIndex``."""
+    kubernetes: str = "1.28"
+    """Oldest Kubernetes version (``MAJOR.MINOR``) of the clusters the manifest is for. From
+    ``PER_INDEX_SINCE`` (1.33, where ``backoffLimitPerIndex`` is GA) the training Job also gets
+    ``backoffLimitPerIndex`` and ``maxFailedIndexes: 0``."""
     jobset: bool = False
     """Render a JobSet instead of the Job (and let JobSet create the headless Service)."""
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -207,6 +244,30 @@ class ManifestOptions:
     """Kueue LocalQueue of the workload, or the Volcano queue with ``scheduler_name = "volcano"``."""
     pod_monitor: bool = False
     """Also render a Prometheus Operator PodMonitor for the metrics port (needs ``[metrics]``)."""
+    secret_env: Sequence[str] = ()
+    """Secrets whose keys become environment variables of the training container (``envFrom``)."""
+    volumes: Sequence[str] = ()
+    """Extra volumes of the training container, each ``KIND:NAME:PATH[:ro]`` with KIND ``pvc``,
+    ``secret`` or ``configmap`` (``podextras.extra_volume``)."""
+    init_containers: Sequence[Mapping[str, Any]] = ()
+    """Init containers of the training pods, as in a pod spec (each with a name and an image)."""
+    affinity: Mapping[str, Any] | None = None
+    """``affinity`` of the training pods (``nodeAffinity``, ``podAffinity``, ``podAntiAffinity``)."""
+    exclusive_topology: str | None = None
+    """Node label of the JobSet's exclusive placement (``--jobset`` or ``trainer_runtime``):
+    the annotation ``alpha.jobset.sigs.k8s.io/exclusive-topology``."""
+    required_topology: str | None = None
+    """Kueue Topology Aware Scheduling: the training pods only inside one domain of this node
+    label (``kueue.x-k8s.io/podset-required-topology``)."""
+    preferred_topology: str | None = None
+    """As ``required_topology``, as far as possible (``kueue.x-k8s.io/podset-preferred-topology``)."""
+    monitoring_rules: bool = False
+    """Also render the job's Prometheus alerts (a PrometheusRule) and a Grafana dashboard (a
+    ConfigMap); needs ``[metrics]``. See ``nvtrain.templates.alerts``."""
+    trainer_runtime: str | None = None
+    """``"cluster"``: render a Kubeflow Trainer v2 ``ClusterTrainingRuntime`` instead of the
+    Job (and no Service: JobSet makes it); ``"namespaced"``: a ``TrainingRuntime`` in
+    ``[rendezvous] namespace``. See ``nvtrain.templates.trainer_runtime``."""
 
 
 def grace_period(policy: Policy) -> int:
@@ -557,14 +618,9 @@ def _check(policy: Policy, options: ManifestOptions) -> None:
                 f"not below --memory {options.memory}: they count against the pod's memory limit",
                 "raise --memory, or lower --shm-size",
             )
-    for name, count in options.resources.items():
-        if not _QUALIFIED.fullmatch(name) or "/" not in name:
-            raise UsageError(
-                f"--resource {name!r} is not an extended resource name",
-                "use a domain-prefixed name such as rdma/hca_shared_devices_a",
-            )
-        if count < 1:
-            raise UsageError(f"--resource {name}={count}: the count must be at least 1")
+    _check_resources(options)
+    kubernetes_version(options)
+    _check_extras(policy, options)
     _check_pairs("label", options.labels, _QUALIFIED, _LABEL_VALUE)
     _check_platform(policy, options)
     _check_pairs("node selector", options.node_selector, _QUALIFIED, _LABEL_VALUE)
@@ -582,6 +638,119 @@ def _check(policy: Policy, options: ManifestOptions) -> None:
             raise UsageError(f"--env {name} is set by the manifest itself", "leave it out")
 
 
+def _reserved_mounts(policy: Policy) -> dict[str, str]:
+    """Paths of the training container that nvtrain mounts (path: what it mounts there)."""
+    reserved = {
+        POLICY_MOUNT: "the policy",
+        policy.checkpoint.dir: "the checkpoint volume ([checkpoint] dir)",
+        SHM_MOUNT: "the memory-backed /dev/shm",
+    }
+    if keeps_host_copy(policy) and not _in_shm(policy.checkpoint.memory_dir):
+        reserved[policy.checkpoint.memory_dir] = "the host copies ([checkpoint] memory_dir)"
+    return reserved
+
+
+def _check_extras(policy: Policy, options: ManifestOptions) -> None:
+    """Secrets, volumes, init containers and placement (``podextras``), and the Trainer runtime."""
+    podextras.check_secret_env(options.secret_env)
+    volumes = [podextras.extra_volume(v) for v in options.volumes]
+    podextras.check_volumes(volumes, _reserved_mounts(policy))
+    podextras.check_init_containers(options.init_containers, (CONTAINER, CONTROL_CONTAINER))
+    podextras.check_affinity(options.affinity)
+    podextras.check_topology(
+        exclusive=options.exclusive_topology,
+        required=options.required_topology,
+        preferred=options.preferred_topology,
+        jobset=options.jobset or options.trainer_runtime is not None,
+    )
+    if options.trainer_runtime is not None:
+        trainer_runtime.check_runtime(
+            options.trainer_runtime,
+            jobset=options.jobset,
+            control_store=has_control_job(policy),
+            scheduler_name=options.scheduler_name,
+            queue=options.queue,
+        )
+
+
+def _check_resources(options: ManifestOptions) -> None:
+    """``--resource`` and ``--rdma-resource``: extended resource names, counts of 1 or more, and
+    not the resources that ``--gpus`` and ``--efa`` set (one would silently replace the other)."""
+    own = {GPU_RESOURCE: "--gpus", EFA_RESOURCE: "--efa"}
+    flags = {"--resource": options.resources, "--rdma-resource": options.rdma_resources}
+    for flag, resources in flags.items():
+        for name, count in resources.items():
+            if not _QUALIFIED.fullmatch(name) or "/" not in name:
+                raise UsageError(
+                    f"{flag} {name!r} is not an extended resource name",
+                    "use a domain-prefixed name such as rdma/hca_shared_devices_a",
+                )
+            if count < 1:
+                raise UsageError(f"{flag} {name}={count}: the count must be at least 1")
+            if name in own:
+                raise UsageError(
+                    f"{flag} {name}={count} would replace what {own[name]} sets: the pods' "
+                    f"{name} comes from {own[name]}",
+                    f"use {own[name]} {count} instead",
+                )
+    both = sorted(set(options.resources) & set(options.rdma_resources))
+    if both:
+        raise UsageError(
+            f"{both[0]} is given with both --resource and --rdma-resource",
+            "give it once: --rdma-resource for an RDMA device, --resource otherwise",
+        )
+
+
+def is_rdma_resource(name: str) -> bool:
+    """Whether the extended resource ``name`` is taken for an RDMA device without being told:
+    its name holds ``rdma`` or ``hca`` (``rdma/hca_shared_devices_a``, ``rdma/ib``, SR-IOV RDMA
+    pools). Any other (``nvidia.com/mig-3g.40gb``, ``example.com/fpga``) is not: a MIG slice
+    needs no IPC_LOCK, and the pod can stay ``restricted``. ``--rdma-resource`` names others."""
+    lowered = name.lower()
+    return "rdma" in lowered or "hca" in lowered.rpartition("/")[2]
+
+
+def rdma_flags(options: ManifestOptions) -> list[str]:
+    """The options that make the training container an RDMA user (IPC_LOCK), as given."""
+    found = [f"--efa {options.efa}"] if options.efa else []
+    found += [f"--resource {n}={c}" for n, c in options.resources.items() if is_rdma_resource(n)]
+    found += [f"--rdma-resource {n}={c}" for n, c in options.rdma_resources.items()]
+    return found
+
+
+def kubernetes_version(options: ManifestOptions) -> tuple[int, int]:
+    """``options.kubernetes`` as (major, minor); ``UsageError`` when it is not ``MAJOR.MINOR``
+    or older than ``OLDEST_KUBERNETES``."""
+    text = options.kubernetes
+    found = re.fullmatch(r"v?(\d{1,3})\.(\d{1,3})(\.\d+)?", text.strip())
+    oldest = ".".join(map(str, OLDEST_KUBERNETES))
+    if found is None:
+        raise UsageError(
+            f"--kubernetes {text!r} is not a Kubernetes version",
+            f"give the oldest version of your clusters as MAJOR.MINOR, e.g. {oldest} or 1.33",
+        )
+    version = (int(found.group(1)), int(found.group(2)))
+    if version < OLDEST_KUBERNETES:
+        raise UsageError(
+            f"--kubernetes {text} is older than the oldest Kubernetes the manifests work on ({oldest}): "
+            "they need Indexed Jobs, the pod failure policy and the controller-uid label",
+            f"upgrade the cluster to {oldest} or later",
+        )
+    return version
+
+
+def per_index(options: ManifestOptions) -> bool:
+    """Whether the training Job gets ``backoffLimitPerIndex`` (``--kubernetes`` 1.33 or later)."""
+    return kubernetes_version(options) >= PER_INDEX_SINCE
+
+
+def backoff_limit_total(pods: int, options: ManifestOptions) -> int:
+    """A Job's ``backoffLimit``: ``--backoff-limit`` failures for each of its ``pods``, at most
+    what an int32 holds. A failure that hits every pod at once (DNS not ready yet, a node pool
+    restarted) costs one failure per pod; a fixed limit would fail a large job on the first one."""
+    return min(options.backoff_limit * pods, _INT32_MAX)
+
+
 def _image(policy: Policy, options: ManifestOptions) -> str:
     return options.image if options.image is not None else f"{policy.job.name}:latest"
 
@@ -591,7 +760,7 @@ def _pvc(policy: Policy, options: ManifestOptions) -> str:
 
 
 def _rdma(options: ManifestOptions) -> bool:
-    return options.efa > 0 or bool(options.resources)
+    return bool(rdma_flags(options))
 
 
 def _env(policy: Policy, options: ManifestOptions, *, uid_label: str, extra: bool = True) -> list[Any]:
@@ -616,10 +785,11 @@ def _resources(policy: Policy, options: ManifestOptions) -> dict[str, Any]:
     extended: dict[str, int] = {}
     count = gpus(policy, options)
     if count:
-        extended["nvidia.com/gpu"] = count
+        extended[GPU_RESOURCE] = count
     if options.efa:
-        extended["vpc.amazonaws.com/efa"] = options.efa
+        extended[EFA_RESOURCE] = options.efa
     extended.update(options.resources)
+    extended.update(options.rdma_resources)
     # Every medium: Memory volume counts against the memory limit: /dev/shm and the host copies
     # (in /dev/shm or in a volume of their own, the same bytes either way).
     memory_backed = _check_quantity("--shm-size", options.shm_size) + (host_copy_bytes(policy, options) or 0)
@@ -669,9 +839,7 @@ def _platform_pod(policy: Policy, options: ManifestOptions, pod: dict[str, Any])
 def _check_platform(policy: Policy, options: ManifestOptions) -> None:
     """The platform options (QoS, Pod Security, scheduling, PodMonitor); see ``_platform_pod``."""
     qos.check_qos(options.qos)
-    rdma = [f"--efa {options.efa}"] if options.efa else []
-    rdma += [f"--resource {name}={count}" for name, count in options.resources.items()]
-    podsecurity.check_pod_security(options.pod_security, options.run_as_user, rdma)
+    podsecurity.check_pod_security(options.pod_security, options.run_as_user, rdma_flags(options))
     scheduling.check_scheduling(
         tolerations=options.tolerations,
         priority_class=options.priority_class,
@@ -680,11 +848,18 @@ def _check_platform(policy: Policy, options: ManifestOptions) -> None:
         queue=options.queue,
         ttl=options.ttl,
     )
-    reserved = {INDEX_ANNOTATION, scheduling.GROUP_ANNOTATION, NVRX_ANNOTATION}
+    reserved = {
+        INDEX_ANNOTATION,
+        scheduling.GROUP_ANNOTATION,
+        NVRX_ANNOTATION,
+        podextras.REQUIRED_TOPOLOGY,
+        podextras.PREFERRED_TOPOLOGY,
+    }
     if policy.metrics.enabled:
         reserved |= {"prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path"}
     scheduling.check_annotations(options.annotations, reserved)
     monitoring.check_pod_monitor(options.pod_monitor, policy.metrics.enabled)
+    monitoring.check_monitoring_rules(options.monitoring_rules, policy.metrics.enabled)
     scheduling.check_queue(
         options.queue,
         scheduler_name=options.scheduler_name,
@@ -747,14 +922,39 @@ def pod_template(
         )
     if options.node_selector:
         spec["nodeSelector"] = dict(options.node_selector)
-    if gpus(policy, options):
-        spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    mig = any(name.startswith("nvidia.com/") for name in options.resources)
+    if gpus(policy, options) or mig:  # MIG slices (nvidia.com/mig-*) are on tainted GPU nodes too
+        spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
     if options.nvrx_version is not None:
         pinned = str(parse_nvrx_option(options.nvrx_version))
         metadata.setdefault("annotations", {})[NVRX_ANNOTATION] = pinned
     pod = {"metadata": metadata, "spec": spec}
+    _training_extras(options, pod)
     _platform_pod(policy, options, pod)
+    for init in spec.get("initContainers", []):
+        context = podsecurity.container_context(options.pod_security, rdma=False)
+        if context is not None and "securityContext" not in init:
+            init["securityContext"] = context
     return pod
+
+
+def _training_extras(options: ManifestOptions, pod: dict[str, Any]) -> None:
+    """Add to the training ``pod`` its Secrets as environment, extra volumes, init containers,
+    affinity and Kueue topology annotation (``podextras``)."""
+    metadata, spec = pod["metadata"], pod["spec"]
+    container = spec["containers"][0]
+    if options.secret_env:
+        container["envFrom"] = [{"secretRef": {"name": name}} for name in options.secret_env]
+    volumes, mounts = podextras.volume_entries([podextras.extra_volume(v) for v in options.volumes])
+    container["volumeMounts"] += mounts
+    spec["volumes"] += volumes
+    if options.init_containers:
+        spec["initContainers"] = copy.deepcopy([dict(c) for c in options.init_containers])
+    if options.affinity is not None:
+        spec["affinity"] = copy.deepcopy(dict(options.affinity))
+    topology = podextras.topology_annotations(options.required_topology, options.preferred_topology)
+    if topology:
+        metadata.setdefault("annotations", {}).update(topology)
 
 
 def pod_failure_policy() -> dict[str, Any]:
@@ -775,15 +975,23 @@ def pod_failure_policy() -> dict[str, Any]:
 
 
 def job_spec(policy: Policy, policy_text: str, options: ManifestOptions, *, uid_label: str) -> dict[str, Any]:
+    """The training Job's spec. ``backoffLimit`` grows with the pods (``backoff_limit_total``);
+    with ``--kubernetes`` 1.33 or later each index also gets ``--backoff-limit`` retries of its
+    own (``backoffLimitPerIndex``), and the first index that spends them fails the Job
+    (``maxFailedIndexes: 0``: the other pods cannot go on without it)."""
     nodes = policy.rendezvous.nodes
-    return {
+    spec: dict[str, Any] = {
         "completionMode": "Indexed",
         "completions": nodes,
         "parallelism": nodes,
-        "backoffLimit": options.backoff_limit,
-        "podFailurePolicy": pod_failure_policy(),
-        "template": pod_template(policy, policy_text, options, uid_label=uid_label),
+        "backoffLimit": backoff_limit_total(nodes, options),
     }
+    if per_index(options):
+        spec["backoffLimitPerIndex"] = options.backoff_limit
+        spec["maxFailedIndexes"] = 0
+    spec["podFailurePolicy"] = pod_failure_policy()
+    spec["template"] = pod_template(policy, policy_text, options, uid_label=uid_label)
+    return spec
 
 
 def _workload(obj: dict[str, Any], options: ManifestOptions) -> dict[str, Any]:
@@ -858,7 +1066,7 @@ def control_job_spec(policy: Policy, policy_text: str, options: ManifestOptions)
     return {
         "completions": 1,
         "parallelism": 1,
-        "backoffLimit": options.backoff_limit,
+        "backoffLimit": backoff_limit_total(1, options),
         "podFailurePolicy": {
             "rules": [
                 {
@@ -894,7 +1102,47 @@ def jobset_names(policy: Policy) -> tuple[str, str]:
             f'set name = "{name}-workers-0" (a JobSet "{name}" with replicated job "workers"), '
             "or render the plain Job",
         )
+    for problem in jobset_webhook_problems(jobset_name, policy.service, name, policy.rendezvous.nodes):
+        raise UsageError(
+            f"--jobset: {problem}",
+            "start [job] name (the JobSet's name) and [rendezvous] service with a letter, and "
+            "keep them short enough, or render the plain Job",
+        )
     return jobset_name, replicated
+
+
+JOBSET_POD_SUFFIX = 6
+"""``-abcde``: the random suffix of a pod's name that the JobSet webhook counts in (it refuses a
+JobSet whose longest pod name with it is not a DNS-1035 label of at most 63 characters)."""
+
+_DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+
+
+def jobset_webhook_problems(jobset_name: str, subdomain: str, job_name: str, pods: int) -> list[str]:
+    """What the JobSet validating webhook refuses in a JobSet named ``jobset_name`` whose
+    training replicated Job (one replica) is ``job_name`` (``<jobset>-<replicated job>-0``) with
+    ``pods`` pods and whose ``network.subdomain`` is ``subdomain``: the Service and Job names it
+    makes must be DNS-1035 labels (a letter first, at most 63 characters), and so must the
+    longest pod name with its random suffix. Empty when it accepts them."""
+    problems = []
+    if not _DNS_1035.fullmatch(jobset_name):
+        problems.append(
+            f'the JobSet name "{jobset_name}" does not start with a letter: the JobSet webhook '
+            "refuses Job names that are not DNS-1035 labels"
+        )
+    if not _DNS_1035.fullmatch(subdomain) or len(subdomain) > 63:
+        problems.append(
+            f'network.subdomain "{subdomain}" ([rendezvous] service) is not a DNS-1035 label (a '
+            "letter first, at most 63 characters): the JobSet webhook refuses it, since it names a Service"
+        )
+    longest = f"{job_name}-{max(pods - 1, 0)}"
+    if len(longest) + JOBSET_POD_SUFFIX > 63:
+        problems.append(
+            f"the last pod's name {longest} with the {JOBSET_POD_SUFFIX}-character random suffix "
+            f"is {len(longest) + JOBSET_POD_SUFFIX} characters, more than the 63 that the JobSet "
+            "webhook allows"
+        )
+    return problems
 
 
 def _control_replicated_job(policy: Policy, policy_text: str, options: ManifestOptions) -> dict[str, Any]:
@@ -940,30 +1188,57 @@ def jobset(policy: Policy, policy_text: str, options: ManifestOptions) -> dict[s
     ]
     if has_control_job(policy):
         replicated_jobs.append(_control_replicated_job(policy, policy_text, options))
+    metadata = _meta(jobset_name, policy, options)
+    if options.exclusive_topology is not None:
+        metadata["annotations"] = {podextras.EXCLUSIVE_TOPOLOGY: options.exclusive_topology}
     obj = {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
-        "metadata": _meta(jobset_name, policy, options),
+        "metadata": metadata,
         "spec": {
             "network": {
                 "enableDNSHostnames": True,
                 "subdomain": policy.service,
                 "publishNotReadyAddresses": True,
             },
-            "failurePolicy": {
-                "maxRestarts": 0,
-                "rules": [
-                    {
-                        "name": "nvtrainNeverRetry",
-                        "action": "FailJobSet",
-                        "onJobFailureReasons": ["PodFailurePolicy"],
-                    }
-                ],
-            },
+            "failurePolicy": jobset_failure_policy(),
             "replicatedJobs": replicated_jobs,
         },
     }
     return _workload(obj, options)
+
+
+def jobset_failure_policy() -> dict[str, Any]:
+    """No restart of the whole JobSet, and a Job failed by its pod failure policy (exit 2 or 4)
+    fails the JobSet."""
+    return {
+        "maxRestarts": 0,
+        "rules": [
+            {
+                "name": "nvtrainNeverRetry",
+                "action": "FailJobSet",
+                "onJobFailureReasons": ["PodFailurePolicy"],
+            }
+        ],
+    }
+
+
+def runtime(policy: Policy, policy_text: str, options: ManifestOptions) -> dict[str, Any]:
+    """The Kubeflow Trainer v2 runtime (``--trainer-runtime``) around the training Job's spec:
+    see ``nvtrain.templates.trainer_runtime``."""
+    assert options.trainer_runtime is not None
+    exclusive = options.exclusive_topology
+    return trainer_runtime.runtime(
+        scope=options.trainer_runtime,
+        metadata=_meta(policy.job.name, policy, options),
+        nodes=policy.rendezvous.nodes,
+        job_spec=job_spec(policy, policy_text, options, uid_label=JOBSET_UID_LABEL),
+        job_labels=_labels(policy, options),
+        container=CONTAINER,
+        failure_policy=jobset_failure_policy(),
+        annotations={podextras.EXCLUSIVE_TOPOLOGY: exclusive} if exclusive is not None else {},
+        ttl=options.ttl,
+    )
 
 
 def _check_size(policy_text: str, source: str) -> None:
@@ -983,11 +1258,17 @@ def render(policy: Policy, policy_text: str, options: ManifestOptions | None = N
     _check(policy, options)
     control = has_control_job(policy)
     objects = [configmap(policy, policy_text, options)]
-    objects += [] if options.jobset else [service(policy, options)]
+    # JobSet makes the headless Service (for the Trainer runtime, one per TrainJob).
+    objects += [] if options.jobset or options.trainer_runtime else [service(policy, options)]
     objects.append(network_policy(policy, options))
     if options.pod_monitor:
         metadata = _meta(policy.job.name, policy, options)
         objects.append(monitoring.pod_monitor(metadata=metadata, selector=selector(policy)))
+    if options.monitoring_rules:
+        objects.append(alerts.prometheus_rule(policy, _meta(f"{policy.job.name}-alerts", policy, options)))
+        objects.append(
+            alerts.dashboard_configmap(policy, _meta(f"{policy.job.name}-dashboard", policy, options))
+        )
     if options.scheduler_name == scheduling.VOLCANO:
         # Before the pods that name it; every pod of the job, the control pod too.
         objects.append(
@@ -998,7 +1279,9 @@ def render(policy: Policy, policy_text: str, options: ManifestOptions | None = N
                 priority_class=options.priority_class,
             )
         )
-    if options.jobset:
+    if options.trainer_runtime is not None:
+        objects.append(runtime(policy, policy_text, options))
+    elif options.jobset:
         objects.append(jobset(policy, policy_text, options))
     else:
         if control:

@@ -23,6 +23,11 @@ hostname and DNS name (``launcher.identity``), so a Job whose name still holds `
 ``manifest-renamed``); a ``subdomain`` naming no Service of the file, a Job name without
 ``[job] name``, or objects in different namespaces cannot, and are errors.
 
+Every reference that the pods depend on (ConfigMap, PodGroup, the selectors of the Service,
+NetworkPolicy and PodMonitor, the pod failure policy's container, the command, the run id, the
+checkpoint and ``/dev/shm`` mounts, the GPU count, the names the JobSet webhook accepts) is
+checked by ``manifest_refs``, after whatever edit made it.
+
 Without a policy file, ``validate_manifest`` checks the policy in the manifest's ConfigMap (the
 one the pods run), and the NVRx version the manifest was rendered for (``nvtrain manifest --nvrx``,
 the pod annotation ``nvtrain.dev/nvrx-version``) is the version its rules are checked against.
@@ -55,6 +60,13 @@ from nvtrain.templates.manifest import (
     has_control_job,
     selector,
 )
+from nvtrain.templates.manifest_refs import check_references
+from nvtrain.templates.manifest_yaml import MISSING as _MISSING
+from nvtrain.templates.manifest_yaml import Doc as _Doc
+from nvtrain.templates.manifest_yaml import YamlPath
+from nvtrain.templates.manifest_yaml import get as _get
+from nvtrain.templates.manifest_yaml import position as _position
+from nvtrain.templates.manifest_yaml import yaml_path as yaml_path
 from nvtrain.templates.nvrx_pin import NVRX_ANNOTATION
 
 if TYPE_CHECKING:
@@ -66,75 +78,17 @@ __all__ = ["KUBERNETES_DEFAULT_GRACE", "check_manifest", "validate_manifest"]
 KUBERNETES_DEFAULT_GRACE = 30
 """``terminationGracePeriodSeconds`` when a pod spec leaves it out."""
 
+_TRAINER_RUNTIMES = ("ClusterTrainingRuntime", "TrainingRuntime")
+"""Kinds of ``nvtrain manifest --trainer-runtime``: no Job or JobSet of their own to check."""
+
 _HOSTNAME_LIMIT = 63
 """A pod's hostname is a DNS label: at most 63 characters."""
-
-YamlPath = tuple[str | int, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Doc:
-    """One YAML document that is a mapping: its data and its node tree (for line numbers)."""
-
-    data: dict[str, Any]
-    node: yaml.Node
-    label: str
-    """``<kind> <name>``, the finding's table (``Job llm-train``)."""
-
-
-class _Missing:
-    pass
-
-
-_MISSING = _Missing()
 
 
 def _runs_control(container: Any) -> bool:
     """Whether ``container`` runs ``nvtrain control ...``."""
     command = container.get("command") if isinstance(container, dict) else None
     return isinstance(command, list) and command[:2] == ["nvtrain", "control"]
-
-
-def yaml_path(path: YamlPath) -> str:
-    """``spec.replicatedJobs[0].template``; keys with a dot are quoted (``data["policy.toml"]``)."""
-    text = ""
-    for part in path:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        elif "." in part or not part:
-            text += f'["{part}"]'
-        else:
-            text += f".{part}" if text else part
-    return text
-
-
-def _get(data: Any, path: YamlPath) -> Any:
-    for part in path:
-        if isinstance(part, int):
-            if not isinstance(data, list) or part >= len(data):
-                return _MISSING
-        elif not isinstance(data, dict) or part not in data:
-            return _MISSING
-        data = data[part]
-    return data
-
-
-def _position(node: yaml.Node, path: YamlPath) -> tuple[int, int]:
-    """1-based line and column of ``path`` (of its key), or of the deepest part that exists."""
-    mark = node.start_mark
-    for part in path:
-        if isinstance(part, int) and isinstance(node, yaml.SequenceNode) and part < len(node.value):
-            node = node.value[part]
-            mark = node.start_mark
-            continue
-        if isinstance(part, str) and isinstance(node, yaml.MappingNode):
-            found = [(k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == part]
-            if found:
-                key, node = found[-1]
-                mark = key.start_mark
-                continue
-        break
-    return mark.line + 1, mark.column + 1
 
 
 class _Checker:
@@ -828,8 +782,24 @@ def _check(
     checker = _Checker(source, policy, policy_text, policy_source, timings, jobset, services, subdomains)
     findings = [f for doc in docs for f in checker.document(doc)]
     findings += checker.missing_control(docs)
+    findings += check_references(checker, docs)
     findings += _namespaces(checker, docs, workloads)
-    if not workloads:
+    runtimes = [d for d in docs if d.data.get("kind") in _TRAINER_RUNTIMES]
+    if not workloads and runtimes:
+        findings.append(
+            Finding(
+                "error",
+                "manifest-no-job",
+                runtimes[0].label,
+                None,
+                "is a Kubeflow Trainer runtime, whose pod template `nvtrain validate --manifest` does "
+                "not check (yet): only a Job or a JobSet",
+                "check the same pods as a Job: render it with the same options, without --trainer-runtime "
+                "(`nvtrain manifest POLICY ... -o job.yaml`) and run `nvtrain validate --manifest job.yaml`",
+                file=source,
+            )
+        )
+    elif not workloads:
         only_control = " of training pods" if any(d.data.get("kind") == "Job" for d in docs) else ""
         findings.append(
             Finding(

@@ -15,7 +15,7 @@ from typing import Any
 
 from nvtrain.errors import UsageError
 
-__all__ = ["METRICS_PATH", "METRICS_PORT_NAME", "check_pod_monitor", "pod_monitor"]
+__all__ = ["METRICS_PATH", "METRICS_PORT_NAME", "check_monitoring_rules", "check_pod_monitor", "pod_monitor"]
 
 METRICS_PORT_NAME = "metrics"
 """Name of the training container's metrics port, which the PodMonitor scrapes."""
@@ -30,6 +30,16 @@ def check_pod_monitor(wanted: bool, metrics_enabled: bool) -> None:
             "--pod-monitor needs the policy's metrics endpoint, and [metrics] enabled is false: "
             "the PodMonitor would find nothing to scrape",
             "set enabled = true in [metrics] of the policy, or leave out --pod-monitor",
+        )
+
+
+def check_monitoring_rules(wanted: bool, metrics_enabled: bool) -> None:
+    """``--monitoring-rules`` needs the metrics the alerts and the dashboard read."""
+    if wanted and not metrics_enabled:
+        raise UsageError(
+            "--monitoring-rules needs the policy's metrics endpoint, and [metrics] enabled is false: "
+            "the alerts and the dashboard would read no series",
+            "set enabled = true in [metrics] of the policy, or leave out --monitoring-rules",
         )
 
 

@@ -1,0 +1,188 @@
+"""``nvtrain manifest --monitoring-rules``: the Prometheus alerts and the Grafana dashboard.
+
+Every PromQL expression reads only series that nvtrain serves (taken from ``report/live.py``,
+where the figures are made, not from a list kept here), with labels it serves. With Prometheus'
+``promtool`` installed (Debian: ``apt-get install prometheus``) the rules and the dashboard's
+expressions are parsed by it, and the stall alert is run on synthetic series (``promtool test
+rules``); without it those tests are skipped, and with ``NVTRAIN_PROMTOOL=require`` (for CI) that
+fails instead.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from templates_helpers import KUBERNETES_VERSIONS, MINIMAL, by_kind, load_all, object_errors, policy_of
+from typer.testing import CliRunner
+
+from nvtrain.cli import app
+from nvtrain.templates import alerts
+from nvtrain.templates.manifest import ManifestOptions, dump, render
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMTOOL = shutil.which("promtool")
+if PROMTOOL is None and os.environ.get("NVTRAIN_PROMTOOL", "").strip().lower() == "require":
+    raise RuntimeError("NVTRAIN_PROMTOOL=require but promtool is not installed (apt-get install prometheus)")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed")
+
+runner = CliRunner()
+
+TEXT = (
+    MINIMAL
+    + "nproc_per_node = 8\n[rendezvous]\nnodes = 4\n[checkpoint]\ninterval = 250\n[metrics]\nenabled = true\n"
+)
+OPTIONS = ManifestOptions(monitoring_rules=True)
+
+TARGET_LABELS = {"namespace", "pod", "run_id", "le"}
+"""Labels a series has besides its own: Kubernetes service discovery's, the run id, the bucket."""
+
+
+def served() -> tuple[set[str], set[str]]:
+    """(series names, label names) that ``nvtrain.report.live`` serves: each ``add(name, kind,
+    ...)`` of ``figures`` with the suffixes its kind gets, and the ``nvtrain_run`` info."""
+    tree = ast.parse((ROOT / "src" / "nvtrain" / "report" / "live.py").read_text(encoding="utf-8"))
+    names = {"nvtrain_run_info"}
+    labels: set[str] = set()
+    suffixes = {"gauge": [""], "counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "add":
+            name, kind = (a.value for a in node.args[:2] if isinstance(a, ast.Constant))
+            names |= {f"nvtrain_{name}{s}" for s in suffixes[str(kind)]}
+        if isinstance(node, ast.Dict):  # the label sets: {"cause": cause}, {"layer": ..., "phase": ...}
+            labels |= {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+    assert len(names) > 20, names  # the parse found the figures
+    return names, labels
+
+
+def rules() -> list[dict[str, Any]]:
+    return alerts.alert_rules(policy_of(TEXT))
+
+
+def expressions() -> list[str]:
+    panels = alerts.dashboard(policy_of(TEXT))["panels"]
+    return [r["expr"] for r in rules()] + [t["expr"] for p in panels for t in p["targets"]]
+
+
+def test_every_expression_reads_only_what_nvtrain_serves() -> None:
+    names, labels = served()
+    for expr in expressions():
+        used = set(re.findall(r"\bnvtrain_[a-z_]+\b", expr))
+        assert used and used <= names, (expr, used - names)
+        grouped = {g.strip() for by in re.findall(r"\bby \(([^)]*)\)", expr) for g in by.split(",")}
+        assert grouped <= labels | TARGET_LABELS, (expr, grouped - labels - TARGET_LABELS)
+        assert 'namespace="default", pod=~".*llm-train.*"' in expr  # this job's series only
+
+
+def test_thresholds_come_from_the_policy() -> None:
+    by_name = {r["alert"]: r for r in rules()}
+    assert by_name["NvtrainCheckpointStale"]["expr"].endswith("> 500")  # 2 × [checkpoint] interval
+    policy = policy_of(TEXT)
+    late = policy.rendezvous.dns_timeout + policy.rendezvous.join_timeout
+    assert by_name["NvtrainRecoveryTooLong"]["for"] == f"{int(late)}s"
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_the_objects_are_valid(version: str) -> None:
+    """The PrometheusRule against the prometheus-operator v0.93.0 CRD, the dashboard's
+    ConfigMap against Kubernetes' schema."""
+    objects = load_all(dump(render(policy_of(TEXT), TEXT, OPTIONS)))
+    errors = [e for o in objects for e in object_errors(o, version)]
+    assert not errors, "\n".join(errors)
+    rule = by_kind(objects, "PrometheusRule")
+    assert rule["metadata"]["name"] == "llm-train-alerts"
+    [dashboard] = [o for o in objects if o["metadata"]["name"] == "llm-train-dashboard"]
+    assert dashboard["metadata"]["labels"][alerts.DASHBOARD_LABEL] == "1"
+    [text] = dashboard["data"].values()
+    assert len(json.loads(text)["panels"]) >= 8
+
+
+def test_monitoring_rules_need_the_metrics(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(MINIMAL, encoding="utf-8")
+    result = runner.invoke(app, ["manifest", str(policy), "--monitoring-rules"])
+    assert result.exit_code == 2, result.output
+    assert "--monitoring-rules needs the policy's metrics endpoint" in result.stderr
+    assert "fix:" in result.stderr and result.stdout == ""
+
+
+@needs_promtool
+def test_promtool_parses_the_rules_and_the_dashboard(tmp_path: Path) -> None:
+    objects = render(policy_of(TEXT), TEXT, OPTIONS)
+    spec = by_kind(objects, "PrometheusRule")["spec"]
+    panels = [
+        {"record": f"nvtrain:panel_{i}", "expr": e} for i, e in enumerate(expressions()[len(rules()) :])
+    ]
+    spec = {"groups": [*spec["groups"], {"name": "dashboard", "rules": panels}]}
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump(spec), encoding="utf-8")
+    assert PROMTOOL is not None
+    done = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(rules()) + len(panels)} rules found" in done.stdout
+
+
+@needs_promtool
+def test_the_stall_alert_fires_only_when_no_recovery_runs(tmp_path: Path) -> None:
+    """``promtool test rules`` on synthetic series: a run whose last step grows old fires
+    NvtrainStepStalled; one that is recovering meanwhile, and another job's pods, do not."""
+    stalled = {"alert": "NvtrainStepStalled"}
+    group = [dict(r, annotations={}) for r in rules() if r["alert"] == stalled["alert"]]
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": group}]}), encoding="utf-8")
+
+    def series(metric: str, pod: str, run: str, values: str) -> dict[str, str]:
+        return {"series": f'{metric}{{namespace="default", pod="{pod}", run_id="{run}"}}', "values": values}
+
+    test = {
+        "rule_files": [str(path)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    # r1: the step age grows by 60 s a minute, no recovery: stalled after 15 min + 5 min.
+                    series("nvtrain_last_step_age_seconds", "llm-train-0-abcde", "r1", "0+60x40"),
+                    series("nvtrain_recovering", "llm-train-0-abcde", "r1", "0x40"),
+                    series("nvtrain_last_step_age_seconds", "llm-train-1-fghij", "r1", "0+60x40"),
+                    series("nvtrain_recovering", "llm-train-1-fghij", "r1", "0x40"),
+                    # r2: recovering all along.
+                    series("nvtrain_last_step_age_seconds", "llm-train-0-klmno", "r2", "0+60x40"),
+                    series("nvtrain_recovering", "llm-train-0-klmno", "r2", "1x40"),
+                    # Another job in the namespace.
+                    series("nvtrain_last_step_age_seconds", "other-0-pqrst", "r3", "0+60x40"),
+                    series("nvtrain_recovering", "other-0-pqrst", "r3", "0x40"),
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "18m", "alertname": "NvtrainStepStalled", "exp_alerts": []},
+                    {
+                        "eval_time": "25m",
+                        "alertname": "NvtrainStepStalled",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "critical",
+                                    "nvtrain_job": "llm-train",
+                                    "namespace": "default",
+                                    "run_id": "r1",
+                                }
+                            }
+                        ],
+                    },
+                ],
+            }
+        ],
+    }
+    tests = tmp_path / "test.yaml"
+    tests.write_text(yaml.safe_dump(test), encoding="utf-8")
+    assert PROMTOOL is not None
+    done = subprocess.run([PROMTOOL, "test", "rules", str(tests)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
