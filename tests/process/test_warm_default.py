@@ -70,7 +70,8 @@ def test_a_deep_tmpdir_and_a_long_name_still_start_warm(nvtrain: NvtrainRunner, 
     script.write_text(SCRIPT.format(extra=""), encoding="utf-8")
     run = nvtrain.start("--nproc-per-node", "2", str(script), env={"TMPDIR": str(deep)})
     assert run.wait(timeout=120) == 0, run.describe()
-    assert _workers(run.stdout) == [(r, "True", "-m nvtrain.zygote.server") for r in ("0", "1")], run.describe()
+    warm = [(r, "True", "-m nvtrain.zygote.server") for r in ("0", "1")]
+    assert _workers(run.stdout) == warm, run.describe()
     assert "warm start" not in run.stderr and "Traceback" not in run.stderr, run.describe()
 
 

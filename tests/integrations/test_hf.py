@@ -1,0 +1,48 @@
+"""Hugging Face ``Trainer`` under ``nvtrain.integrations.hf``, for real: a tiny GPT-2 (from a
+config) on 2 gloo ranks under ``nvtrain run``, with an exception, a SIGKILL and a hang, ends
+bitwise where the fault-free run ends (``framework_runs``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from framework_runs import (
+    check_events_feed_the_report,
+    check_layers,
+    check_same_losses,
+    check_same_state,
+    run_pair,
+)
+from worker_helpers import RunResult
+
+pytest.importorskip("transformers")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
+    return run_pair(tmp_path_factory, "hf_train.py")
+
+
+def test_recovered_run_ends_bitwise_like_the_clean_run(runs: dict[str, RunResult]) -> None:
+    check_same_state(runs)
+
+
+def test_same_loss_at_every_step(runs: dict[str, RunResult]) -> None:
+    check_same_losses(runs)
+
+
+def test_each_fault_recovered_by_its_layer(runs: dict[str, RunResult]) -> None:
+    check_layers(runs)
+
+
+def test_events_feed_the_report(runs: dict[str, RunResult]) -> None:
+    check_events_feed_the_report(runs)
+
+
+def test_the_trainers_own_saves_were_replaced(runs: dict[str, RunResult], tmp_path: Path) -> None:
+    """``save_steps = 10`` in the script: the Trainer wrote none of its synchronous checkpoints."""
+    for name in ("clean", "faulty"):
+        out = runs[name].run_dir.parent.parent / f"out-{name}"
+        assert not list(out.glob("checkpoint-*")), sorted(p.name for p in out.iterdir())
