@@ -31,6 +31,7 @@ from nvtrain.report.live import (
     figures,
     serve,
 )
+from nvtrain.report.pod_figures import POD_FAMILIES
 from nvtrain.runlog import CAUSES
 from ports import free_port
 
@@ -194,7 +195,7 @@ def test_the_endpoint_serves_the_figures_in_prometheus_format(tmp_path: Path) ->
     path = tmp_path / "events.jsonl"
     _write(path, two_recoveries().events)
     server = serve(
-        Metrics(enabled=True, port=free_port()), path, run_id="r", node_rank=3, address="127.0.0.1"
+        Metrics(enabled=True, port=free_port()), path, run_id="r", node_rank=0, address="127.0.0.1"
     )
     try:
         # The first build runs in the server's own thread: a scrape before it ends has no figures.
@@ -211,7 +212,7 @@ def test_the_endpoint_serves_the_figures_in_prometheus_format(tmp_path: Path) ->
         for fam in text_string_to_metric_families(text)
         for s in fam.samples
     }
-    assert samples[("nvtrain_run_info", (("node_rank", "3"), ("run_id", "r")))] == 1.0
+    assert samples[("nvtrain_run_info", (("node_rank", "0"), ("run_id", "r")))] == 1.0
     assert (
         samples[("nvtrain_restarts_total", (("cause", "sigkill"), ("layer", "in_job"), ("run_id", "r")))]
         == 1.0
@@ -458,4 +459,6 @@ def test_the_contract_table_lists_every_metric_with_its_type() -> None:
         for f in figures(report, now=1100.0)
     }
     served["nvtrain_run_info"] = ("gauge", ("node_rank", "run_id"))  # serve() adds it
+    for name, (kind, _) in POD_FAMILIES.items():  # every pod's own (pod_figures)
+        served[f"nvtrain_{name}" + ("_total" if kind == "counter" else "")] = (kind, ("node_rank",))
     assert served == documented

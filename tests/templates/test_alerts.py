@@ -25,6 +25,7 @@ from templates_helpers import KUBERNETES_VERSIONS, MINIMAL, by_kind, load_all, o
 from typer.testing import CliRunner
 
 from nvtrain.cli import app
+from nvtrain.report.pod_figures import POD_FAMILIES
 from nvtrain.templates import alerts
 from nvtrain.templates.manifest import ManifestOptions, dump, render
 
@@ -35,6 +36,8 @@ if PROMTOOL is None and os.environ.get("NVTRAIN_PROMTOOL", "").strip().lower() =
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed")
 
 runner = CliRunner()
+
+STEP_AT = "nvtrain_last_step_timestamp_seconds"
 
 TEXT = (
     MINIMAL
@@ -48,7 +51,8 @@ TARGET_LABELS = {"namespace", "pod", "run_id", "le"}
 
 def served() -> tuple[set[str], set[str]]:
     """(series names, label names) that ``nvtrain.report.live`` serves: each ``add(name, kind,
-    ...)`` of ``figures`` with the suffixes its kind gets, and the ``nvtrain_run`` info."""
+    ...)`` of ``figures`` with the suffixes its kind gets, the ``nvtrain_run`` info, and the
+    pods' own figures."""
     tree = ast.parse((ROOT / "src" / "nvtrain" / "report" / "live.py").read_text(encoding="utf-8"))
     names = {"nvtrain_run_info"}
     labels: set[str] = set()
@@ -60,7 +64,9 @@ def served() -> tuple[set[str], set[str]]:
         if isinstance(node, ast.Dict):  # the label sets: {"cause": cause}, {"layer": ..., "phase": ...}
             labels |= {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
     assert len(names) > 20, names  # the parse found the figures
-    return names, labels
+    for name, (kind, _) in POD_FAMILIES.items():  # every pod's own (nvtrain.report.pod_figures)
+        names |= {f"nvtrain_{name}{s}" for s in suffixes[kind]}
+    return names, labels | {"node_rank"}
 
 
 def rules() -> list[dict[str, Any]]:
@@ -149,16 +155,20 @@ def test_the_stall_alert_fires_only_when_no_recovery_runs(tmp_path: Path) -> Non
             {
                 "interval": "1m",
                 "input_series": [
-                    # r1: the step age grows by 60 s a minute, no recovery: stalled after 15 min + 5 min.
-                    series("nvtrain_last_step_age_seconds", "llm-train-0-abcde", "r1", "0+60x40"),
-                    series("nvtrain_recovering", "llm-train-0-abcde", "r1", "0x40"),
-                    series("nvtrain_last_step_age_seconds", "llm-train-1-fghij", "r1", "0+60x40"),
-                    series("nvtrain_recovering", "llm-train-1-fghij", "r1", "0x40"),
+                    # r1: the last step was at time 0, no recovery: stalled after 15 min + 5 min.
+                    # Pod 0 was replaced at 10 min: both pods' series are seen, counted once.
+                    series(STEP_AT, "llm-train-0-abcde", "r1", "0x10 _x30"),
+                    series("nvtrain_recovering", "llm-train-0-abcde", "r1", "0x10 _x30"),
+                    series(STEP_AT, "llm-train-0-fghij", "r1", "_x10 0x30"),
+                    series("nvtrain_recovering", "llm-train-0-fghij", "r1", "_x10 0x30"),
                     # r2: recovering all along.
-                    series("nvtrain_last_step_age_seconds", "llm-train-0-klmno", "r2", "0+60x40"),
+                    series(STEP_AT, "llm-train-0-klmno", "r2", "0x40"),
                     series("nvtrain_recovering", "llm-train-0-klmno", "r2", "1x40"),
+                    # r4: steps on (the newest step 60 s ago at every minute).
+                    series(STEP_AT, "llm-train-0-stuvw", "r4", "0+60x40"),
+                    series("nvtrain_recovering", "llm-train-0-stuvw", "r4", "0x40"),
                     # Another job in the namespace.
-                    series("nvtrain_last_step_age_seconds", "other-0-pqrst", "r3", "0+60x40"),
+                    series(STEP_AT, "other-0-pqrst", "r3", "0x40"),
                     series("nvtrain_recovering", "other-0-pqrst", "r3", "0x40"),
                 ],
                 "alert_rule_test": [

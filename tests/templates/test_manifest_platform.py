@@ -629,7 +629,19 @@ def test_volcano_gets_a_pod_group_of_every_pod(text: str, members: int) -> None:
     assert group["apiVersion"] == "scheduling.volcano.sh/v1beta1"
     assert group["metadata"]["name"] == policy.job.name
     assert group["metadata"]["namespace"] == policy.rendezvous.namespace
+    resources = group["spec"].pop("minResources")
     assert group["spec"] == {"minMember": members, "queue": "research", "priorityClassName": "high"}
+    # minResources: what every pod of the group requests, so Volcano admits all or none of it.
+    gpus = policy.rendezvous.nodes * int(policy.job.nproc_per_node)
+    assert resources["nvidia.com/gpu"] == str(gpus)
+    cpu = sum(
+        parse_quantity("cpu", str(c["resources"]["requests"]["cpu"]))
+        * (1 if name.endswith("control") else policy.rendezvous.nodes)
+        for name, pod in pods(objects).items()
+        for c in pod["spec"]["containers"]
+    )
+    assert parse_quantity("cpu", resources["cpu"]) == cpu > 0
+    assert parse_quantity("memory", resources["memory"]) > 0
     # Before the pods that name it; every pod, the control pod too, names it.
     kinds = [o["kind"] for o in objects]
     assert kinds.index("PodGroup") < min(kinds.index(k) for k in ("Job", "JobSet") if k in kinds)
@@ -645,7 +657,7 @@ def test_volcano_gets_a_pod_group_of_every_pod(text: str, members: int) -> None:
 
 def test_volcano_without_a_queue_uses_volcanos_default() -> None:
     group = by_kind(objects_of(MINIMAL, ManifestOptions(scheduler_name="volcano")), "PodGroup")
-    assert group["spec"] == {"minMember": 1}
+    assert group["spec"]["minMember"] == 1 and "queue" not in group["spec"]
 
 
 # -- Prometheus Operator -------------------------------------------------------------------------

@@ -265,19 +265,3 @@ def test_the_cli_renders_the_runtime(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert load_all(result.stdout) == load_all(dump(objects_of(METRICS, dataclasses.replace(EXTRAS))))
-
-
-def test_validate_manifest_says_it_does_not_check_a_runtime(tmp_path: Path) -> None:
-    policy = tmp_path / "policy.toml"
-    policy.write_text(STARTER, encoding="utf-8")
-    manifest = tmp_path / "runtime.yaml"
-    assert (
-        runner.invoke(
-            app, ["manifest", str(policy), "--trainer-runtime=cluster", "-o", str(manifest)]
-        ).exit_code
-        == 0
-    )
-    result = runner.invoke(app, ["validate", str(policy), "--manifest", str(manifest)])
-    assert result.exit_code == 2, result.output
-    assert "is a Kubeflow Trainer runtime" in result.output and "without --trainer-runtime" in result.output
-    assert "Traceback" not in result.output

@@ -253,6 +253,16 @@ def command(
             rich_help_panel=_PLATFORM,
         ),
     ] = False,
+    metrics_from: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics-from",
+            metavar="NAMESPACE",
+            help="Namespace of the Prometheus that scrapes the metrics port: the NetworkPolicy admits "
+            "that port only from its pods (default: from every source).",
+            rich_help_panel=_PLATFORM,
+        ),
+    ] = None,
     backoff_limit: Annotated[
         int,
         typer.Option(
@@ -418,6 +428,7 @@ def command(
         ttl=ttl,
         queue=queue,
         pod_monitor=pod_monitor,
+        metrics_from=metrics_from,
         secret_env=tuple(secret_env or ()),
         volumes=tuple(volume or ()),
         init_containers=_init_containers(init_container, read_yaml_option),

@@ -3,16 +3,23 @@
 ``figures(report, now)`` turns a ``Report`` into metric families (pure, no Prometheus import);
 ``LiveFigures`` keeps the report of a growing events log up to date; ``serve`` exposes them over
 HTTP with ``prometheus_client`` (imported only there) and rebuilds them in a thread of its own
-every ``refresh`` seconds when the log grew, so a scrape never waits for a rebuild. Every pod
-serves the whole job's figures, read from every pod's events log in the run directory
-(``nvtrain.runlog.RunTail``), labelled with the run id: aggregate with ``max by (run_id)``.
+every ``refresh`` seconds when the log grew, so a scrape never waits for a rebuild.
+
+Job-level series once per job, pod-level ones per pod: the pod of node rank 0
+(``pod_figures.JOB_VIEW_RANK``) serves the whole job's figures, read from every pod's events log
+in the run directory (``nvtrain.runlog.RunTail``); every pod serves ``nvtrain_run_info`` and
+the figures of its own log (``nvtrain.report.pod_figures``, label ``node_rank``). Every sample
+is labelled with the run id: ``max by (run_id)`` keeps one series of a run when a replaced pod 0
+and its predecessor overlap.
 
 The contract (docs/report.md, "Metrics contract"): counters and histograms only go up. They
 count what no longer changes: an incident (with its restarts and rollback) once it has ended, a
 save's blocked time once the save has ended; and each series is served at the highest value it
 had (``LiveFigures.served``). Counters exist from the first scrape, at 0 for every value of
 their labels, which come from fixed sets; the labels of one counter partition what it counts,
-so a sum over them counts each thing once. Distributions are histograms (``SECONDS_BUCKETS``,
+so a sum over them counts each thing once (``initial_counters``: before the first build too).
+Points in time are served as unix times (``*_timestamp_seconds``), the Prometheus way, so that
+``time() - x`` is right even when the series is stale. Distributions are histograms (``SECONDS_BUCKETS``,
 ``STEPS_BUCKETS``), which add up across runs and over time.
 """
 
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import threading
 import time
@@ -29,7 +37,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from nvtrain.events.records import Event
 from nvtrain.report.model import PHASES, Report, build_report
-from nvtrain.runlog import CAUSES, RunLog, RunTail
+from nvtrain.report.pod_figures import JOB_VIEW_RANK, PodFigures
+from nvtrain.runlog import CAUSES, RunLog, RunTail, pod_events_file
 
 if TYPE_CHECKING:
     from nvtrain.config.schema import Metrics
@@ -45,6 +54,8 @@ __all__ = [
     "Sample",
     "bind_address",
     "figures",
+    "initial_counters",
+    "own_log",
     "serve",
 ]
 
@@ -132,9 +143,16 @@ def figures(report: Report, now: float) -> list[Family]:
     reached = r.segments[-1].last_step if steps else None
     add("step", "gauge", "The step the workers reached last (it drops back after a restore).", one(reached))
     add(
+        "last_step_timestamp_seconds",
+        "gauge",
+        "Unix time of the step the workers logged last (alert on time() minus it).",
+        one(r.start_ts + max(steps) if steps else None),
+    )
+    add(
         "last_step_age_seconds",
         "gauge",
-        "Seconds since the workers last logged a step (grows during a hang or a recovery).",
+        "Seconds since the workers last logged a step (kept for old rules: use "
+        "time() - nvtrain_last_step_timestamp_seconds).",
         one(now - (r.start_ts + max(steps)) if steps else None),
     )
     add(
@@ -260,9 +278,16 @@ def figures(report: Report, now: float) -> list[Family]:
         t, step = ck.commits[-1]
         add("checkpoint_last_step", "gauge", "Step of the newest committed checkpoint.", one(step))
         add(
+            "checkpoint_last_commit_timestamp_seconds",
+            "gauge",
+            "Unix time at which the newest checkpoint was committed.",
+            one(r.start_ts + t),
+        )
+        add(
             "checkpoint_age_seconds",
             "gauge",
-            "Seconds since the newest checkpoint was committed.",
+            "Seconds since the newest checkpoint was committed (kept for old rules: use "
+            "time() - nvtrain_checkpoint_last_commit_timestamp_seconds).",
             one(now - (r.start_ts + t)),
         )
         if reached is not None:
@@ -274,6 +299,18 @@ def figures(report: Report, now: float) -> list[Family]:
             )
     add("exit_code", "gauge", "The run's exit code, once the launcher has exited.", one(r.exit_code))
     return out
+
+
+def initial_counters() -> list[Family]:
+    """The job's counters before anything is known: each at 0, for every value of its labels,
+    as ``figures`` serves them once there are events. Served until the first build, so that the
+    first scrape has them and ``increase()`` sees the first count."""
+    return list(_initial_counters())
+
+
+@functools.cache
+def _initial_counters() -> tuple[Family, ...]:
+    return tuple(f for f in figures(build_report([], "no events yet"), 0.0) if f.kind == "counter")
 
 
 BUILD_SHARE = 0.25
@@ -334,8 +371,10 @@ class LiveFigures:
 
     def served(self) -> list[tuple[Family, list[Sample]]]:
         """What a scrape gets: each family of ``families`` with its samples (``Family.series``),
-        counters and histograms held at the highest value each series had (``_HighWater``)."""
-        return self._served.hold(self.families())
+        counters and histograms held at the highest value each series had (``_HighWater``);
+        before the first build, the counters at 0 (``initial_counters``)."""
+        families = self.families() if self._report is not None else initial_counters()
+        return self._served.hold(families)
 
 
 class _HighWater:
@@ -381,20 +420,29 @@ class MetricsServer:
         threads: list[threading.Thread],
         stop: threading.Event,
         port: int,
-        live: LiveFigures,
+        live: LiveFigures | None,
+        pod: PodFigures | None = None,
     ) -> None:
         self._server = server
         self._threads = threads
         self._stop = stop
         self._live = live
+        self._pod = pod
         self.port = port
+
+    @property
+    def job_view(self) -> bool:
+        """Whether this endpoint serves the job's figures (the pod of ``JOB_VIEW_RANK``)."""
+        return self._live is not None
 
     def catch_up(self) -> None:
         """Read the log to its end and rebuild the figures now, not at the next refresh: the
         run's last events (its exit code) are served at once. Never raises: the figures then
         stay as they were."""
-        with contextlib.suppress(Exception):
-            self._live.update()
+        for each in (self._live, self._pod):
+            if each is not None:
+                with contextlib.suppress(Exception):
+                    each.update()
 
     def close(self) -> None:
         self._stop.set()
@@ -410,9 +458,17 @@ def bind_address(pod_ip: str | None) -> str:
     return "::" if pod_ip and ":" in pod_ip else "0.0.0.0"
 
 
+def own_log(events: Path, node_rank: int) -> Path:
+    """The events log of the pod of ``node_rank``: its file in the run directory ``events``, or
+    ``events`` itself when that is one log file."""
+    return events if events.suffix == ".jsonl" else pod_events_file(events, node_rank)
+
+
 def serve(config: Metrics, events: Path, *, run_id: str, node_rank: int, address: str = "") -> MetricsServer:
     """Serve the live figures of ``events`` (the run directory: every pod's log; or one log
-    file) on ``config.port`` (every IPv4 address by default).
+    file) on ``config.port`` (every IPv4 address by default): the job's figures on the pod of
+    node rank ``JOB_VIEW_RANK`` only, and on every pod ``nvtrain_run_info`` and its own
+    pod-level figures (``nvtrain.report.pod_figures``).
 
     ``OSError`` when the port cannot be bound; the caller names the policy key.
     """
@@ -425,16 +481,19 @@ def serve(config: Metrics, events: Path, *, run_id: str, node_rank: int, address
     )
     from prometheus_client.registry import Collector
 
-    live = LiveFigures(events, config.refresh)
+    live = LiveFigures(events, config.refresh) if node_rank == JOB_VIEW_RANK else None
+    pod = PodFigures(own_log(events, node_rank))
     stop = threading.Event()
 
     def keep_fresh() -> None:
         while True:
             # A log that cannot be read for a moment (shared storage) must not end the updates:
-            # the figures then stay as they were, and their age figures keep growing.
-            with contextlib.suppress(Exception):
-                live.update()
-            if stop.wait(live.pause()):
+            # the figures then stay as they were.
+            for each in (live, pod):
+                if each is not None:
+                    with contextlib.suppress(Exception):
+                        each.update()
+            if stop.wait(live.pause() if live is not None else config.refresh):
                 return
 
     info = {"run_id": run_id, "node_rank": str(node_rank)}
@@ -442,7 +501,12 @@ def serve(config: Metrics, events: Path, *, run_id: str, node_rank: int, address
     class _Collector(Collector):
         def collect(self) -> Iterator[Any]:
             yield InfoMetricFamily("nvtrain_run", "The run this pod serves.", value=info)
-            for fam, samples in live.served():
+            for name, kind, text, value in pod.values():
+                cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+                own = cls(name, text, labels=["run_id", "node_rank"])
+                own.add_metric([run_id, str(node_rank)], value)
+                yield own
+            for fam, samples in live.served() if live is not None else ():
                 names = sorted({k for _, labels, _ in samples for k in labels if k != "le"})
                 if fam.kind == "histogram":
                     histogram = HistogramMetricFamily(fam.name, fam.help, labels=["run_id", *names])
@@ -469,4 +533,4 @@ def serve(config: Metrics, events: Path, *, run_id: str, node_rank: int, address
     server, thread = start_http_server(config.port, addr=address or "0.0.0.0", registry=registry)
     updater = threading.Thread(target=keep_fresh, name="nvtrain-metrics", daemon=True)
     updater.start()
-    return MetricsServer(server, [thread, updater], stop, int(server.server_address[1]), live)
+    return MetricsServer(server, [thread, updater], stop, int(server.server_address[1]), live, pod)

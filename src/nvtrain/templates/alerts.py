@@ -11,8 +11,12 @@ them:
   ``grafana_dashboard: "1"``, the label by which the Grafana of kube-prometheus-stack loads
   dashboards from ConfigMaps.
 
-Every pod of a run serves the same figures, so each expression takes ``max`` over the pods of a
-run (``by (namespace, run_id)``) before comparing. The series are the job's: in the job's
+The job's figures are served once per run, by the pod of node rank 0, and every pod serves its
+own ``nvtrain_pod_*`` figures (labelled ``node_rank``). Each job-level expression still takes
+``max`` over a run (``by (namespace, run_id)``) before comparing, so that the old and the new pod
+0 (replaced, with the same name) count once while both are still in Prometheus' lookback. Points
+in time are unix timestamps (``*_timestamp_seconds``): ``time() - x`` is the age, and stays
+right while the series is stale. The series are the job's: in the job's
 namespace, from pods whose name holds ``[job] name`` (the Job's, the JobSet's and a TrainJob's
 pods all do, and so do renamed ones). Thresholds come from the policy where it has them: a
 recovery is late after ``[rendezvous] dns_timeout + join_timeout``, a checkpoint stale after two
@@ -58,8 +62,8 @@ def series_selector(policy: Policy) -> str:
 
 
 def _run(expr: str) -> str:
-    """``expr`` (a metric with its matchers) taken once per run: the pods of a run serve the
-    same figures."""
+    """``expr`` (a metric with its matchers) taken once per run: pod 0 serves the job's figures,
+    and a replaced pod 0 and its predecessor may both be in Prometheus for a while."""
     return f"max by (namespace, run_id) ({expr})"
 
 
@@ -82,7 +86,7 @@ def alert_rules(policy: Policy) -> list[dict[str, Any]]:
     return [
         rule(
             "NvtrainStepStalled",
-            f"{_run(f'nvtrain_last_step_age_seconds{{{s}}}')} > {STALL_SECONDS} "
+            f"time() - {_run(f'nvtrain_last_step_timestamp_seconds{{{s}}}')} > {STALL_SECONDS} "
             f"and on (namespace, run_id) {_run(f'nvtrain_recovering{{{s}}}')} == 0",
             "5m",
             "critical",
@@ -160,7 +164,11 @@ _PANELS: tuple[tuple[str, str, str], ...] = (
         "percentunit",
         "max by (run_id) (nvtrain_infrastructure_goodput_ratio{{{s}}})",
     ),
-    ("Seconds since the last step", "s", "max by (run_id) (nvtrain_last_step_age_seconds{{{s}}})"),
+    (
+        "Seconds since the last step",
+        "s",
+        "time() - max by (run_id) (nvtrain_last_step_timestamp_seconds{{{s}}})",
+    ),
     ("Recovering", "none", "max by (run_id) (nvtrain_recovering{{{s}}})"),
     (
         "Restarts per hour, by layer",
@@ -181,6 +189,13 @@ _PANELS: tuple[tuple[str, str, str], ...] = (
         "(rate(nvtrain_checkpoint_blocked_seconds_bucket{{{s}}}[1h]))))",
     ),
     ("Steps lost to rollbacks", "none", "max by (run_id) (nvtrain_lost_steps_total{{{s}}})"),
+    # The pods' own figures: one series per pod.
+    ("Step of each pod", "none", "max by (run_id, node_rank) (nvtrain_pod_step{{{s}}})"),
+    (
+        "Pod replacements, by node",
+        "none",
+        "max by (run_id, node_rank) (nvtrain_pod_launcher_starts_total{{{s}}}) - 1",
+    ),
 )
 
 

@@ -244,6 +244,9 @@ class ManifestOptions:
     """Kueue LocalQueue of the workload, or the Volcano queue with ``scheduler_name = "volcano"``."""
     pod_monitor: bool = False
     """Also render a Prometheus Operator PodMonitor for the metrics port (needs ``[metrics]``)."""
+    metrics_from: str | None = None
+    """Namespace of the Prometheus that scrapes the metrics port (``--metrics-from``): the
+    NetworkPolicy admits that port only from pods of this namespace. None: from every source."""
     secret_env: Sequence[str] = ()
     """Secrets whose keys become environment variables of the training container (``envFrom``)."""
     volumes: Sequence[str] = ()
@@ -344,10 +347,11 @@ def service(policy: Policy, options: ManifestOptions) -> dict[str, Any]:
 def network_policy(policy: Policy, options: ManifestOptions) -> dict[str, Any]:
     """Ingress to the job's pods only from pods of the same job, on every port: the c10d store
     has no authentication, and collectives and the in-process store use ephemeral ports. With
-    ``[metrics]`` on, its port alone is open to every source, so Prometheus can scrape it."""
+    ``[metrics]`` on, its port alone is open to Prometheus: to the pods of the namespace
+    ``options.metrics_from``, or to every source without it (``monitoring.metrics_ingress``)."""
     ingress: list[dict[str, Any]] = [{"from": [{"podSelector": {"matchLabels": selector(policy)}}]}]
     if policy.metrics.enabled:
-        ingress.append({"ports": [{"protocol": "TCP", "port": policy.metrics.port}]})
+        ingress.append(monitoring.metrics_ingress(policy.metrics.port, options.metrics_from))
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -860,6 +864,7 @@ def _check_platform(policy: Policy, options: ManifestOptions) -> None:
     scheduling.check_annotations(options.annotations, reserved)
     monitoring.check_pod_monitor(options.pod_monitor, policy.metrics.enabled)
     monitoring.check_monitoring_rules(options.monitoring_rules, policy.metrics.enabled)
+    monitoring.check_metrics_from(options.metrics_from, policy.metrics.enabled)
     scheduling.check_queue(
         options.queue,
         scheduler_name=options.scheduler_name,
@@ -1269,26 +1274,30 @@ def render(policy: Policy, policy_text: str, options: ManifestOptions | None = N
         objects.append(
             alerts.dashboard_configmap(policy, _meta(f"{policy.job.name}-dashboard", policy, options))
         )
+    workloads: list[dict[str, Any]] = []
+    if options.trainer_runtime is not None:
+        workloads.append(runtime(policy, policy_text, options))
+    elif options.jobset:
+        workloads.append(jobset(policy, policy_text, options))
+    else:
+        if control:
+            # Before the workers: their launchers wait for the control pod's name to resolve.
+            workloads.append(control_job(policy, policy_text, options))
+        workloads.append(job(policy, policy_text, options))
     if options.scheduler_name == scheduling.VOLCANO:
-        # Before the pods that name it; every pod of the job, the control pod too.
+        # Before the pods that name it; every pod of the job, the control pod too, and what
+        # they request together.
+        members = [pods for w in workloads for pods in scheduling.pod_templates(w)]
         objects.append(
             scheduling.pod_group(
                 metadata=_meta(policy.job.name, policy, options),
                 min_member=policy.rendezvous.nodes + (1 if control else 0),
                 queue=options.queue,
                 priority_class=options.priority_class,
+                min_resources=scheduling.min_resources(members),
             )
         )
-    if options.trainer_runtime is not None:
-        objects.append(runtime(policy, policy_text, options))
-    elif options.jobset:
-        objects.append(jobset(policy, policy_text, options))
-    else:
-        if control:
-            # Before the workers: their launchers wait for the control pod's name to resolve.
-            objects.append(control_job(policy, policy_text, options))
-        objects.append(job(policy, policy_text, options))
-    return objects
+    return objects + workloads
 
 
 class _Dumper(yaml.SafeDumper):

@@ -16,6 +16,13 @@ replicated job ``control`` (``--jobset``), told apart and checked the same way, 
 what applies to the training pods only (one pod per node, pod names holding ``[job] name``, the
 grace period against the checkpoint write).
 
+A Kubeflow Trainer runtime (``nvtrain manifest --trainer-runtime``: ``ClusterTrainingRuntime``,
+``TrainingRuntime``) is checked as the JobSet that Trainer makes of it for each TrainJob (its
+``spec.template.spec``), less what the TrainJob names (the pods' names and the Service come
+from the TrainJob's name, which the file does not hold), plus what Trainer takes from the
+runtime (``_Checker.runtime``): ``mlPolicy.numNodes``, no framework policy, no fixed subdomain,
+the trainer's ancestor label and its container ``node``.
+
 Renames after rendering (Kustomize ``namePrefix``, ``nameSuffix``, ``namespace``) are told apart
 by whether the pods can still find each other: the pods take their peers' names from their own
 hostname and DNS name (``launcher.identity``), so a Job whose name still holds ``[job] name``, a
@@ -62,12 +69,15 @@ from nvtrain.templates.manifest import (
 )
 from nvtrain.templates.manifest_refs import check_references
 from nvtrain.templates.manifest_yaml import MISSING as _MISSING
+from nvtrain.templates.manifest_yaml import TRAINER_RUNTIMES as _TRAINER_RUNTIMES
 from nvtrain.templates.manifest_yaml import Doc as _Doc
 from nvtrain.templates.manifest_yaml import YamlPath
 from nvtrain.templates.manifest_yaml import get as _get
+from nvtrain.templates.manifest_yaml import jobset_root as _jobset_root
 from nvtrain.templates.manifest_yaml import position as _position
 from nvtrain.templates.manifest_yaml import yaml_path as yaml_path
 from nvtrain.templates.nvrx_pin import NVRX_ANNOTATION
+from nvtrain.templates.trainer_runtime import ANCESTOR_LABEL, NODE
 
 if TYPE_CHECKING:
     from nvtrain.config.timings import Timings
@@ -77,9 +87,6 @@ __all__ = ["KUBERNETES_DEFAULT_GRACE", "check_manifest", "validate_manifest"]
 
 KUBERNETES_DEFAULT_GRACE = 30
 """``terminationGracePeriodSeconds`` when a pod spec leaves it out."""
-
-_TRAINER_RUNTIMES = ("ClusterTrainingRuntime", "TrainingRuntime")
-"""Kinds of ``nvtrain manifest --trainer-runtime``: no Job or JobSet of their own to check."""
 
 _HOSTNAME_LIMIT = 63
 """A pod's hostname is a DNS label: at most 63 characters."""
@@ -102,6 +109,7 @@ class _Checker:
         jobset: bool,
         services: Sequence[str] = (),
         subdomains: Sequence[str] = (),
+        runtime: str | None = None,
     ) -> None:
         self.source = source
         self.policy = policy
@@ -111,7 +119,7 @@ class _Checker:
         """Names of the Services in the file (none: the file may be one part of a larger set)."""
         self.subdomains = tuple(subdomains)
         """The training pods' subdomains (a renamed Service is known by them)."""
-        flag = " --jobset" if jobset else ""
+        flag = f" --trainer-runtime {runtime}" if runtime else " --jobset" if jobset else ""
         self.rerender = (
             "re-render it, with the options used before (e.g. --image): "
             f"`nvtrain manifest {policy_source}{flag} -o {source}`"
@@ -245,7 +253,7 @@ class _Checker:
         kind = doc.data.get("kind")
         p = self.policy
         namespace = _get(doc.data, ("metadata", "namespace"))
-        workload = kind == "JobSet" or (kind == "Job" and not self.is_control(doc))
+        workload = kind in ("JobSet", *_TRAINER_RUNTIMES) or (kind == "Job" and not self.is_control(doc))
         if p is not None and namespace is not _MISSING and workload:
             # Said once, on the workload: an object in another namespace is an error of its own.
             yield from self.renamed(
@@ -263,6 +271,9 @@ class _Checker:
             )
             yield from self.job_spec(doc, ("spec",))
         elif kind == "JobSet":
+            yield from self.jobset(doc)
+        elif kind in _TRAINER_RUNTIMES:
+            yield from self.runtime(doc)
             yield from self.jobset(doc)
         elif kind == "Service" and p is not None and _get(doc.data, ("metadata", "name")) in self.dialled():
             ports = _get(doc.data, ("spec", "ports"))
@@ -292,8 +303,12 @@ class _Checker:
                 )
 
     def jobset(self, doc: _Doc) -> Iterator[Finding]:
+        """A JobSet, or the JobSet template of a Trainer runtime (``runtime`` has its own
+        checks): its replicated jobs, the training pods' and the control pod's."""
         p = self.policy
-        if p is not None:
+        root = _jobset_root(doc.data) or ("spec",)
+        runtime = doc.data.get("kind") in _TRAINER_RUNTIMES
+        if p is not None and not runtime:
             yield from self.mismatch(
                 doc,
                 ("spec", "network", "subdomain"),
@@ -303,25 +318,26 @@ class _Checker:
                 "the pods dial pod 0 as <name>-0.<service>, and JobSet names the headless Service "
                 "after this subdomain",
             )
-        replicated = _get(doc.data, ("spec", "replicatedJobs"))
+        replicated = _get(doc.data, (*root, "replicatedJobs"))
         if not isinstance(replicated, list) or not replicated:
-            yield self.shape(doc, ("spec", "replicatedJobs"), "has no replicated Job (a non-empty list)")
+            yield self.shape(doc, (*root, "replicatedJobs"), "has no replicated Job (a non-empty list)")
             return
         jobset_name = _get(doc.data, ("metadata", "name"))
         controls = [i for i in range(len(replicated)) if self.is_control_replicated(doc, i)]
         if len(controls) == len(replicated):
             yield self.shape(
                 doc,
-                ("spec", "replicatedJobs"),
+                (*root, "replicatedJobs"),
                 "has no replicated job of training pods, only the control pod's (`nvtrain control`)",
             )
         for i in range(len(replicated)):
-            at: YamlPath = ("spec", "replicatedJobs", i)
+            at: YamlPath = (*root, "replicatedJobs", i)
             if i in controls:
                 yield from self.control_replicated(doc, at)
                 continue
             rj_name = _get(doc.data, (*at, "name"))
-            if isinstance(jobset_name, str) and isinstance(rj_name, str):
+            # A runtime's pods are named after each TrainJob, which this file does not hold.
+            if isinstance(jobset_name, str) and isinstance(rj_name, str) and not runtime:
                 yield from self.job_name(
                     doc,
                     ("metadata", "name"),
@@ -339,7 +355,20 @@ class _Checker:
                     f"the pods of further replicas would never join the rendezvous of pod {p.job.name}-0",
                 )
             yield from self.job_spec(doc, (*at, "template", "spec"))
-        if p is not None and has_control_job(p) and not controls:
+        if p is not None and has_control_job(p) and not controls and runtime:
+            yield self.finding(
+                "warning",
+                "manifest-mismatch",
+                doc,
+                (*root, "replicatedJobs"),
+                _MISSING,
+                '[rendezvous] store = "control" runs the rendezvous store in a pod of its own, '
+                f"which a Trainer runtime does not hold: the training pods wait for {control_name(p)} "
+                "to resolve and exit 3 when [rendezvous] dns_timeout has passed",
+                'set store = "pod0" in [rendezvous] of the policy and render the runtime again, or '
+                "render a Job or a JobSet instead",
+            )
+        elif p is not None and has_control_job(p) and not controls:
             yield self.finding(
                 "warning",
                 "manifest-mismatch",
@@ -352,6 +381,88 @@ class _Checker:
                 "dns_timeout has passed",
                 self.rerender,
             )
+
+    def runtime(self, doc: _Doc) -> Iterator[Finding]:
+        """What Kubeflow Trainer takes from a runtime (``--trainer-runtime``): the node count of
+        ``mlPolicy``, no framework policy, the replicated job of the trainer (its ancestor
+        label) with the container ``node``, and no fixed subdomain."""
+        root = _jobset_root(doc.data) or ("spec",)
+        p = self.policy
+        if p is not None:
+            yield from self.mismatch(
+                doc,
+                ("spec", "mlPolicy", "numNodes"),
+                _get(doc.data, ("spec", "mlPolicy", "numNodes")),
+                p.rendezvous.nodes,
+                "[rendezvous] nodes",
+                "Trainer makes that many pods of the trainer's replicated job, and the rendezvous "
+                f"waits for {p.rendezvous.nodes}. A TrainJob's spec.trainer.numNodes overrides it: "
+                "leave it out of the TrainJobs of this runtime",
+            )
+        for framework in ("torch", "mpi"):
+            path: YamlPath = ("spec", "mlPolicy", framework)
+            if _get(doc.data, path) is not _MISSING:
+                yield self.finding(
+                    "warning",
+                    "manifest-mismatch",
+                    doc,
+                    path,
+                    _get(doc.data, path),
+                    f"makes Trainer configure the pods for {framework} (its PET_* variables, "
+                    "numProcPerNode, ports), which nvtrain does not read: nvtrain is the launcher, "
+                    "and its policy sets the ranks per node",
+                    f"delete mlPolicy.{framework}, or {self.rerender}",
+                )
+        subdomain = (*root, "network", "subdomain")
+        if _get(doc.data, subdomain) is not _MISSING:
+            yield self.finding(
+                "warning",
+                "manifest-mismatch",
+                doc,
+                subdomain,
+                _get(doc.data, subdomain),
+                "gives every TrainJob of this runtime one headless Service name: the JobSet of a "
+                "second TrainJob in the namespace cannot create it, and its pods get no DNS names. "
+                "Without it JobSet names the Service after each TrainJob, and the pods find their "
+                "peers from their own names",
+                f"delete network.subdomain, or {self.rerender}",
+            )
+        replicated = _get(doc.data, (*root, "replicatedJobs"))
+        replicated = replicated if isinstance(replicated, list) else []
+        marked = [
+            i
+            for i, rj in enumerate(replicated)
+            if _get(rj, ("template", "metadata", "labels", ANCESTOR_LABEL)) == "trainer"
+        ]
+        if replicated and not marked:
+            yield self.finding(
+                "warning",
+                "manifest-mismatch",
+                doc,
+                (*root, "replicatedJobs", 0, "template", "metadata", "labels"),
+                _get(doc.data, (*root, "replicatedJobs", 0, "template", "metadata", "labels")),
+                f"no replicated job has the label {ANCESTOR_LABEL}: trainer, by which Trainer finds "
+                "the trainer's Job: a TrainJob's numNodes, image, env and resourcesPerNode apply "
+                "to no pod",
+                f"label the training pods' replicated job {ANCESTOR_LABEL}: trainer, or {self.rerender}",
+            )
+        for i in marked:
+            pod: YamlPath = (*root, "replicatedJobs", i, "template", "spec", "template", "spec")
+            containers = _get(doc.data, (*pod, "containers"))
+            names = [_get(c, ("name",)) for c in containers] if isinstance(containers, list) else []
+            if names and NODE not in names:
+                yield self.finding(
+                    "warning",
+                    "manifest-mismatch",
+                    doc,
+                    (*pod, "containers", 0, "name"),
+                    names[0],
+                    f"no container of the trainer's pods is named {NODE!r}: Trainer applies a "
+                    "TrainJob's image, env and resourcesPerNode to that container only, so they "
+                    "change nothing",
+                    f"name the training container {NODE!r} (and the pod failure policy's "
+                    f"containerName with it), or {self.rerender}",
+                )
 
     def job_spec(self, doc: _Doc, at: YamlPath) -> Iterator[Finding]:
         p = self.policy
@@ -377,7 +488,9 @@ class _Checker:
         yield from self.grace(doc, (*pod, "terminationGracePeriodSeconds"))
         if p is None:
             return
-        if doc.data.get("kind") == "JobSet":  # JobSet sets the pods' subdomain itself
+        if doc.data.get("kind") in _TRAINER_RUNTIMES:
+            pass  # JobSet names the subdomain after the JobSet, that is after each TrainJob
+        elif doc.data.get("kind") == "JobSet":  # JobSet sets the pods' subdomain itself
             yield from self.mismatch(
                 doc,
                 (*pod, "subdomain"),
@@ -428,7 +541,7 @@ class _Checker:
         and the policy has the control store (with ``store = "pod0"`` the training pods'
         replicated job may have that name), or, whatever its name, its pod runs ``nvtrain control``."""
         p = self.policy
-        at: YamlPath = ("spec", "replicatedJobs", index)
+        at: YamlPath = (*(_jobset_root(doc.data) or ("spec",)), "replicatedJobs", index)
         if p is not None and has_control_job(p) and _get(doc.data, (*at, "name")) == CONTROL_SUFFIX:
             return True
         containers = _get(doc.data, (*at, "template", "spec", "template", "spec", "containers"))
@@ -745,12 +858,13 @@ def check_manifest(
 
 def _pod_templates(doc: _Doc) -> Iterator[YamlPath]:
     """Paths of the pod templates of a Job or JobSet."""
+    root = _jobset_root(doc.data)
     if doc.data.get("kind") == "Job":
         yield ("spec", "template")
-    elif doc.data.get("kind") == "JobSet":
-        replicated = _get(doc.data, ("spec", "replicatedJobs"))
+    elif root is not None:
+        replicated = _get(doc.data, (*root, "replicatedJobs"))
         for i in range(len(replicated) if isinstance(replicated, list) else 0):
-            yield ("spec", "replicatedJobs", i, "template", "spec", "template")
+            yield (*root, "replicatedJobs", i, "template", "spec", "template")
 
 
 def _check(
@@ -762,6 +876,8 @@ def _check(
     timings: Timings | None,
 ) -> list[Finding]:
     jobset = any(d.data.get("kind") == "JobSet" for d in docs)
+    scopes = {"ClusterTrainingRuntime": "cluster", "TrainingRuntime": "namespaced"}
+    runtime = next((scopes[k] for d in docs if (k := str(d.data.get("kind"))) in scopes), None)
     services = [
         name
         for d in docs
@@ -771,7 +887,7 @@ def _check(
     workloads = [
         d
         for d in docs
-        if d.data.get("kind") == "JobSet" or (d.data.get("kind") == "Job" and not probe.is_control(d))
+        if _jobset_root(d.data) is not None or (d.data.get("kind") == "Job" and not probe.is_control(d))
     ]
     subdomains = [
         found
@@ -779,27 +895,14 @@ def _check(
         if d.data.get("kind") == "Job"
         and isinstance(found := _get(d.data, ("spec", "template", "spec", "subdomain")), str)
     ]
-    checker = _Checker(source, policy, policy_text, policy_source, timings, jobset, services, subdomains)
+    checker = _Checker(
+        source, policy, policy_text, policy_source, timings, jobset, services, subdomains, runtime
+    )
     findings = [f for doc in docs for f in checker.document(doc)]
     findings += checker.missing_control(docs)
     findings += check_references(checker, docs)
     findings += _namespaces(checker, docs, workloads)
-    runtimes = [d for d in docs if d.data.get("kind") in _TRAINER_RUNTIMES]
-    if not workloads and runtimes:
-        findings.append(
-            Finding(
-                "error",
-                "manifest-no-job",
-                runtimes[0].label,
-                None,
-                "is a Kubeflow Trainer runtime, whose pod template `nvtrain validate --manifest` does "
-                "not check (yet): only a Job or a JobSet",
-                "check the same pods as a Job: render it with the same options, without --trainer-runtime "
-                "(`nvtrain manifest POLICY ... -o job.yaml`) and run `nvtrain validate --manifest job.yaml`",
-                file=source,
-            )
-        )
-    elif not workloads:
+    if not workloads:
         only_control = " of training pods" if any(d.data.get("kind") == "Job" for d in docs) else ""
         findings.append(
             Finding(

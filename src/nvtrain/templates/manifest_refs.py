@@ -42,7 +42,9 @@ from nvtrain.templates.manifest_yaml import MISSING as _MISSING
 from nvtrain.templates.manifest_yaml import Doc as _Doc
 from nvtrain.templates.manifest_yaml import YamlPath
 from nvtrain.templates.manifest_yaml import get as _get
+from nvtrain.templates.manifest_yaml import jobset_root as _jobset_root
 from nvtrain.templates.scheduling import GROUP_ANNOTATION
+from nvtrain.templates.trainer_runtime import NODE
 
 if TYPE_CHECKING:
     from nvtrain.config.schema import Policy
@@ -52,9 +54,15 @@ __all__ = ["Checker", "check_references"]
 
 _KUSTOMIZE = 'the configuration of docs/kubernetes.md, "Kustomize" (nvtrain-names.yaml)'
 
-_CONTROLLER_LABELS = ("batch.kubernetes.io/", "jobset.sigs.k8s.io/", "controller-uid", "job-name")
-"""Label keys that the Job and JobSet controllers add to the pods they create: a selector on
-them cannot be judged from the template, and is taken to match."""
+_CONTROLLER_LABELS = (
+    "batch.kubernetes.io/",
+    "jobset.sigs.k8s.io/",
+    "trainer.kubeflow.org/",
+    "controller-uid",
+    "job-name",
+)
+"""Label keys that the Job, JobSet and Trainer controllers add to the pods they create: a
+selector on them cannot be judged from the template, and is taken to match."""
 
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 
@@ -89,6 +97,21 @@ class _Pods:
     """The control pod's Job (``nvtrain control``), not the training pods'."""
 
     @property
+    def jobset(self) -> bool:
+        """A replicated Job of a JobSet, or of the JobSet template of a Trainer runtime."""
+        return _jobset_root(self.doc.data) is not None
+
+    @property
+    def runtime(self) -> bool:
+        """The pods of a Trainer runtime, whose training container is ``node``."""
+        return self.doc.data.get("kind") in ("ClusterTrainingRuntime", "TrainingRuntime")
+
+    @property
+    def container_name(self) -> str:
+        """What nvtrain names the training container: ``node`` in a runtime (Trainer's), else ``trainer``."""
+        return NODE if self.runtime else CONTAINER
+
+    @property
     def template(self) -> YamlPath:
         return (*self.job, "template")
 
@@ -112,7 +135,7 @@ class _Pods:
         parallelism = self.get(*self.job, "parallelism")
         parallelism = 1 if parallelism is _MISSING else parallelism
         replicas: Any = 1
-        if self.doc.data.get("kind") == "JobSet":
+        if self.jobset:
             replicas = self.get(*self.job[:-2], "replicas")
             replicas = 1 if replicas is _MISSING else replicas
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (parallelism, replicas)):
@@ -129,10 +152,10 @@ def _pods(checker: Checker, docs: Sequence[_Doc]) -> Iterator[_Pods]:
         kind = doc.data.get("kind")
         if kind == "Job":
             yield _Pods(doc, ("spec",), checker.is_control(doc))
-        elif kind == "JobSet":
-            replicated = _get(doc.data, ("spec", "replicatedJobs"))
+        elif (root := _jobset_root(doc.data)) is not None:
+            replicated = _get(doc.data, (*root, "replicatedJobs"))
             for i in range(len(replicated) if isinstance(replicated, list) else 0):
-                at: YamlPath = ("spec", "replicatedJobs", i, "template", "spec")
+                at: YamlPath = (*root, "replicatedJobs", i, "template", "spec")
                 yield _Pods(doc, at, checker.is_control_replicated(doc, i))
 
 
@@ -308,7 +331,7 @@ def _failure_policy(checker: Checker, pod: _Pods) -> Iterator[Finding]:
                 f"names no container of the pod template (containers: "
                 f"{', '.join(map(str, names)) or 'none'}): Kubernetes refuses the Job. A patch "
                 "that renames the container must rename it here too",
-                f'set it to the container\'s name, or keep the container named "{CONTAINER}"',
+                f'set it to the container\'s name, or keep the container named "{pod.container_name}"',
             )
     want = {int(NEVER_RETRY[0])} if pod.control else set(NEVER_RETRY)
     failing: set[int] = set()
@@ -377,11 +400,11 @@ def _backoff(checker: Checker, pod: _Pods) -> Iterator[Finding]:
 
 
 def _training(pod: _Pods) -> tuple[int, dict[str, Any]] | None:
-    """(index, container) of the training container: named ``trainer``, else the one that runs
-    ``nvtrain run``, else the first."""
+    """(index, container) of the training container: named ``trainer`` (``node`` in a Trainer
+    runtime), else the one that runs ``nvtrain run``, else the first."""
     containers = [(i, c) for i, c in enumerate(pod.containers()) if isinstance(c, dict)]
     for i, c in containers:
-        if c.get("name") == CONTAINER:
+        if c.get("name") == pod.container_name:
             return i, c
     for i, c in containers:
         if _nvtrain_run(c) is not None:
@@ -497,8 +520,9 @@ def _command(
 
 def _run_id(checker: Checker, pod: _Pods, at: YamlPath, container: dict[str, Any]) -> Iterator[Finding]:
     """``NVTRAIN_RUN_ID`` comes from the workload's UID: the same on every pod and every pod
-    that replaces one, and a new one for a new workload."""
-    jobset = pod.doc.data.get("kind") == "JobSet"
+    that replaces one, and a new one for a new workload. Trainer makes a JobSet of each TrainJob,
+    so a runtime's pods take the UID of that JobSet."""
+    jobset = pod.jobset
     label = JOBSET_UID_LABEL if jobset else JOB_UID_LABEL
     want = f"metadata.labels['{label}']"
     env = container.get("env")

@@ -12,9 +12,13 @@ from typing import Any
 
 import yaml
 
-__all__ = ["MISSING", "Doc", "YamlPath", "get", "position", "yaml_path"]
+__all__ = ["MISSING", "TRAINER_RUNTIMES", "Doc", "YamlPath", "get", "jobset_root", "position", "yaml_path"]
 
 YamlPath = tuple[str | int, ...]
+
+TRAINER_RUNTIMES = ("ClusterTrainingRuntime", "TrainingRuntime")
+"""Kinds of ``nvtrain manifest --trainer-runtime``: a JobSet template that Kubeflow Trainer
+turns into one JobSet per TrainJob."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +62,17 @@ def get(data: Any, path: YamlPath) -> Any:
             return MISSING
         data = data[part]
     return data
+
+
+def jobset_root(data: dict[str, Any]) -> YamlPath | None:
+    """Path of the JobSet spec of a document: a JobSet's ``spec``, a Trainer runtime's
+    ``spec.template.spec`` (the JobSet that Trainer makes of it); None for other kinds."""
+    kind = data.get("kind")
+    if kind == "JobSet":
+        return ("spec",)
+    if kind in TRAINER_RUNTIMES:
+        return ("spec", "template", "spec")
+    return None
 
 
 def position(node: yaml.Node, path: YamlPath) -> tuple[int, int]:

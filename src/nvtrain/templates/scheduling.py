@@ -17,12 +17,15 @@ would default it, so that a pod never runs a stale ``latest`` that a node pulled
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Collection, Mapping, Sequence
+from fractions import Fraction
 from typing import Any
 
 from nvtrain.errors import UsageError
 from nvtrain.templates.names import LABEL_VALUE, check_dns_subdomain, check_qualified_name
+from nvtrain.templates.quantity import format_bytes, format_cpu, parse_quantity
 
 __all__ = [
     "EFFECTS",
@@ -32,7 +35,9 @@ __all__ = [
     "check_annotations",
     "check_queue",
     "check_scheduling",
+    "min_resources",
     "pod_group",
+    "pod_templates",
     "pull_policy",
     "toleration",
 ]
@@ -146,16 +151,61 @@ def pull_policy(image: str) -> str:
     return "Always" if tag in ("", "latest") else "IfNotPresent"
 
 
+def pod_templates(workload: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], int]]:
+    """(pod spec, pods that run at once) of each pod template of a rendered Job or JobSet:
+    ``parallelism`` (default 1), times a replicated job's ``replicas``."""
+
+    def job(spec: Mapping[str, Any], replicas: int) -> tuple[Mapping[str, Any], int]:
+        return spec["template"]["spec"], int(spec.get("parallelism", 1)) * replicas
+
+    if workload.get("kind") == "Job":
+        return [job(workload["spec"], 1)]
+    if workload.get("kind") == "JobSet":
+        return [
+            job(rj["template"]["spec"], int(rj.get("replicas", 1)))
+            for rj in workload["spec"]["replicatedJobs"]
+        ]
+    return []
+
+
+def min_resources(pods: Sequence[tuple[Mapping[str, Any], int]]) -> dict[str, str]:
+    """What ``pods`` (pod spec, count) request together: each container's ``requests`` (its
+    ``limits`` for a resource it does not request, as Kubernetes defaults them), summed over the
+    containers and times the count. Init containers run before and are left out. CPU is
+    written in cores or millicores, memory in bytes' shortest form, other resources as counts."""
+    totals: dict[str, Fraction] = {}
+    for spec, count in pods:
+        for container in spec.get("containers", []):
+            resources = container.get("resources", {})
+            wanted = {**resources.get("limits", {}), **resources.get("requests", {})}
+            for name, value in wanted.items():
+                totals[name] = totals.get(name, Fraction(0)) + parse_quantity(name, str(value)) * count
+    out: dict[str, str] = {}
+    for name, total in sorted(totals.items(), key=lambda kv: (kv[0] not in ("cpu", "memory"), kv[0])):
+        if name == "cpu":
+            out[name] = format_cpu(total)
+        elif name in ("memory", "ephemeral-storage") or name.startswith("hugepages-"):
+            out[name] = format_bytes(total)
+        else:
+            out[name] = str(math.ceil(total))
+    return out
+
+
 def pod_group(
     *,
     metadata: dict[str, Any],
     min_member: int,
     queue: str | None,
     priority_class: str | None,
+    min_resources: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The Volcano PodGroup of the job: ``min_member`` pods (every pod of the job) start together
-    or not at all, in ``queue`` (Volcano's ``default`` queue when None)."""
+    or not at all, in ``queue`` (Volcano's ``default`` queue when None). ``min_resources``: what
+    those pods request together (``min_resources``), so that Volcano admits the group only when
+    the queue has room for all of it, instead of starting pods that then wait for the rest."""
     spec: dict[str, Any] = {"minMember": min_member}
+    if min_resources:
+        spec["minResources"] = dict(min_resources)
     if queue is not None:
         spec["queue"] = queue
     if priority_class is not None:
