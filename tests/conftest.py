@@ -13,10 +13,13 @@ settings.register_profile("ci", max_examples=150, deadline=None, derandomize=Tru
 settings.register_profile("explore", max_examples=2000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-# Variables set by torchrun, ft_launcher, Kubernetes or a developer's shell that would change what
-# nvtrain does; no test may depend on them.
-CLEARED_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-CLEARED_PREFIXES = ("TORCHELASTIC_", "NVTRAIN_", "PET_")
+# Variables set by torchrun, ft_launcher, Kubernetes, Slurm or a developer's shell that would change
+# what nvtrain does (off a pod, in a Slurm step); no test may depend on them.
+CLEARED_NAMES = (
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+    "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT",
+)  # fmt: skip
+CLEARED_PREFIXES = ("TORCHELASTIC_", "NVTRAIN_", "PET_", "SLURM_", "SLURMD_")
 
 
 @pytest.fixture(autouse=True)

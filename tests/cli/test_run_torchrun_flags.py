@@ -119,10 +119,16 @@ def test_the_script_form_policy_is_one_node_one_worker_named_after_the_script(tm
     assert _tail(plan, str(script)) == [str(script)]
 
 
-def test_a_relative_script_path_is_kept_as_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _script(tmp_path)
+def test_a_relative_script_path_is_resolved_where_nvtrain_run_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As `python train.py` gives the script an absolute __file__ (the worker sees it: the
+    # process test test_run_low_items.py).
+    script = _script(tmp_path)
     monkeypatch.chdir(tmp_path)
-    assert _tail(_plan("train.py", "--lr", "1"), "train.py") == ["train.py", "--lr", "1"]
+    assert _tail(_plan("train.py", "--lr", "1"), str(script)) == [str(script), "--lr", "1"]
+    (tmp_path / "sub").mkdir()
+    assert _tail(_plan("./sub/../train.py"), str(script)) == [str(script)]  # shown normalised
 
 
 def test_module_form(tmp_path: Path) -> None:
@@ -177,7 +183,8 @@ def test_the_policy_form_keeps_options_after_the_policy_and_args_after_double_da
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
     assert _option(plan, "--rdzv-id") == "pol-1"
-    assert _tail(plan, "policy_script.py") == ["policy_script.py", "--from-policy", "--lr", "0.5"]
+    script = str(Path.cwd() / "policy_script.py")  # [job] script, resolved where nvtrain run started
+    assert _tail(plan, script) == [script, "--from-policy", "--lr", "0.5"]
 
 
 def test_rdzv_id_is_the_run_id(tmp_path: Path) -> None:
@@ -303,16 +310,23 @@ def test_a_finding_on_a_key_no_flag_set_names_the_file_and_the_flags(tmp_path: P
 @pytest.mark.parametrize(
     ("flag", "hint"),
     [
-        ("--rdzv-endpoint=pod-0:29500", "--master-port"),
-        ("--rdzv_endpoint", "--master-port"),
-        ("--master-addr", "DNS name"),
-        ("--rdzv-backend", "c10d"),
+        ("--rdzv-backend=etcd", "etcd is not supported"),
         ("--rdzv_conf", "join_timeout"),
-        ("--node-rank", "NVTRAIN_NODE_RANK"),
-        ("--node_rank=1", "JOB_COMPLETION_INDEX"),
+        ("--monitor-interval", "[heartbeat] monitor_interval"),
+        ("--monitor_interval=1", "wakes at once"),
+        ("--ft-cfg-path", "[heartbeat]"),
+        ("--ft-rank-heartbeat-timeout", "[heartbeat] timeout"),
+        ("--ft_initial_rank_heartbeat_timeout=5", "[heartbeat] initial_timeout"),
+        ("--ft-restart-policy", "[restart.in_job] policy"),
+        ("--ft-log-level", "[heartbeat] table"),
+        ("--no-python", "Python scripts"),
+        ("--run-path", "python SCRIPT"),
+        ("--start-method", "warm"),
+        ("--role", "default role"),
+        ("--logs_specs", "--tee"),
     ],
 )
-def test_torchrun_options_nvtrain_replaces_say_what_to_do(tmp_path: Path, flag: str, hint: str) -> None:
+def test_torchrun_options_nvtrain_does_not_take_say_what_to_do(tmp_path: Path, flag: str, hint: str) -> None:
     _fails(_run("--dry-run", flag, "x", str(_script(tmp_path))), hint)
 
 
@@ -335,7 +349,7 @@ def test_log_options_go_to_ft_launcher_before_the_entrypoint(
         "--local-ranks-filter=0,1",
         "-m",
         "nvtrain.zygote.client",  # a plain torchrun script starts warm too
-        "train.py",
+        str(tmp_path / "train.py"),
     ]
     plan = _plan("--tee=2", "-r3", "--log-dir", str(tmp_path / "l"), "--no-warm-start", "train.py")
     assert _tail(plan, "--tee=2") == [
@@ -344,7 +358,7 @@ def test_log_options_go_to_ft_launcher_before_the_entrypoint(
         f"--log-dir={tmp_path / 'l'}",
         "-m",
         "nvtrain.entry",
-        "train.py",
+        str(tmp_path / "train.py"),
     ]
 
 
@@ -356,16 +370,17 @@ def test_a_plain_script_starts_warm_by_default_and_opts_out_by_key_or_flag(
     warm = _plan("--nproc-per-node", "2", "train.py", "--lr", "1")
     # train.py does not use nvtrain.worker: the server imports torch only (--plain)
     assert warm["zygote"] is not None and "--plain" in warm["zygote"]
-    assert warm["argv"][-4:] == ["nvtrain.zygote.client", "train.py", "--lr", "1"]
+    train = str(tmp_path / "train.py")
+    assert warm["argv"][-4:] == ["nvtrain.zygote.client", train, "--lr", "1"]
     policy = tmp_path / "cold.toml"
     policy.write_text('[job]\nname = "w"\nscript = "train.py"\nwarm_start = false\n', encoding="utf-8")
     cold = _plan("--policy", str(policy), "--nproc-per-node", "2", "train.py", "--lr", "1")
     assert cold["zygote"] is None
-    assert cold["argv"][-5:] == ["-m", "nvtrain.entry", "train.py", "--lr", "1"]
+    assert cold["argv"][-5:] == ["-m", "nvtrain.entry", train, "--lr", "1"]
     off = _plan("--nproc-per-node", "2", "--no-warm-start", "train.py", "--no-warm-start")
     assert off["zygote"] is None
     # nvtrain's flag before the script; the same word after it is the script's
-    assert off["argv"][-4:] == ["-m", "nvtrain.entry", "train.py", "--no-warm-start"]
+    assert off["argv"][-4:] == ["-m", "nvtrain.entry", train, "--no-warm-start"]
 
 
 def test_verbose_is_nvtrains_before_the_script_and_the_scripts_after(tmp_path: Path) -> None:

@@ -14,20 +14,28 @@ from typer.core import TyperCommand
 from nvtrain.cli._errors import exit_on_error
 from nvtrain.errors import signal_exit_code
 
+_HEARTBEAT = "NVRx's fault-tolerance settings are the policy's [heartbeat] table (docs/policy.md)"
 _NOT_HERE = {
-    "--rdzv-endpoint": "nvtrain finds the rendezvous itself: pod 0's (or the control pod's) "
-    "DNS name, from the pod's own hostname and DNS name, else from [rendezvous] service, "
-    "namespace and cluster_domain; 127.0.0.1 for one node. "
-    "Give the port with --master-port or [rendezvous] port",
-    "--rdzv-backend": "the rendezvous is always c10d (NVRx's); its timeouts are [rendezvous] "
-    "join_timeout and dns_timeout",
-    "--node-rank": "nvtrain reads the node index from NVTRAIN_NODE_RANK, JOB_COMPLETION_INDEX "
-    "(an Indexed Job) or the pod's name <job>-<index>: set NVTRAIN_NODE_RANK instead",
+    "--rdzv-conf": "the rendezvous' timeouts are [rendezvous] join_timeout and dns_timeout",
+    "--monitor-interval": "ft_launcher looks at its workers every 0.1 s and wakes at once when one "
+    "exits; the heartbeat checks run every [heartbeat] monitor_interval",
+    "--ft-cfg-path": "nvtrain writes NVRx's fault-tolerance config from the policy's [heartbeat] "
+    "table (docs/policy.md); give the policy with --policy FILE",
+    "--ft-initial-rank-heartbeat-timeout": "set [heartbeat] initial_timeout in the policy (--policy FILE)",
+    "--ft-rank-heartbeat-timeout": "set [heartbeat] timeout in the policy (--policy FILE)",
+    "--ft-workload-check-interval": "set [heartbeat] monitor_interval in the policy (--policy FILE)",
+    "--ft-rank-section-timeouts": "set [heartbeat.sections] in the policy (--policy FILE)",
+    "--ft-rank-out-of-section-timeout": "set [heartbeat] out_of_section_timeout (--policy FILE)",
+    "--ft-restart-policy": "set [restart.in_job] policy in the policy (--policy FILE)",
+    "--no-python": "nvtrain runs Python scripts and modules only (-m MODULE)",
+    "--run-path": "the script runs as `python SCRIPT` would (nvtrain.entry), in a process of its own",
+    "--start-method": "workers are processes forked from a warm interpreter, or new ones "
+    "(--no-warm-start); there is no other start method",
+    "--role": "every worker has the default role",
+    "--logs-specs": "use --tee, --redirects and --log-dir",
 }
-_NOT_HERE["--rdzv-conf"] = _NOT_HERE["--rdzv-backend"]
-_NOT_HERE["--master-addr"] = _NOT_HERE["--rdzv-endpoint"]
 _NOT_HERE.update({"--" + name[2:].replace("-", "_"): why for name, why in list(_NOT_HERE.items())})
-"""torchrun options that nvtrain replaces with its own ways, and what to do instead."""
+"""torchrun and ft_launcher options that nvtrain run does not take, and what to do instead."""
 
 
 def split_script_args(args: list[str], takes_value: Mapping[str, bool]) -> tuple[list[str], list[str] | None]:
@@ -47,6 +55,8 @@ def split_script_args(args: list[str], takes_value: Mapping[str, bool]) -> tuple
             name = arg.partition("=")[0] if arg.startswith("--") else arg[:2]
             if name in _NOT_HERE:
                 raise ValueError(f"{name}: {_NOT_HERE[name]}")
+            if name.startswith(("--ft-", "--ft_")):
+                raise ValueError(f"{name}: {_HEARTBEAT}; other ft_launcher options are not taken")
             # "--opt=value" and "-rVALUE" carry their value; "--opt value" takes the next word.
             end = i + (2 if takes_value.get(name, False) and arg == name else 1)
             if name in ("-m", "--module"):
@@ -175,7 +185,56 @@ def command(
             "--rdzv-id",
             "--rdzv_id",
             metavar="ID",
-            help="Run id (default: NVTRAIN_RUN_ID; a new one for a one-node job).",
+            help="Run id (default: NVTRAIN_RUN_ID; under Slurm <job>-slurm-<SLURM_JOB_ID>; a new one "
+            "for a one-node job).",
+        ),
+    ] = None,
+    node_rank: Annotated[
+        int | None,
+        typer.Option(
+            "--node-rank",
+            "--node_rank",
+            metavar="N",
+            min=0,
+            help="This node's index, 0 to nodes-1 (default: NVTRAIN_NODE_RANK, JOB_COMPLETION_INDEX, "
+            "SLURM_NODEID, the pod's name).",
+        ),
+    ] = None,
+    master_addr: Annotated[
+        str | None,
+        typer.Option(
+            "--master-addr",
+            "--master_addr",
+            metavar="HOST",
+            help="[rendezvous] host: node 0's address or name, where the store listens (bare metal).",
+        ),
+    ] = None,
+    rdzv_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--rdzv-endpoint",
+            "--rdzv_endpoint",
+            metavar="HOST[:PORT]",
+            help="[rendezvous] host (and port): as --master-addr HOST --master-port PORT.",
+        ),
+    ] = None,
+    rdzv_backend: Annotated[
+        str | None,
+        typer.Option(
+            "--rdzv-backend",
+            "--rdzv_backend",
+            metavar="c10d|static",
+            help="Taken for torchrun's sake: the rendezvous is always NVRx's c10d, hosted by node 0.",
+        ),
+    ] = None,
+    local_addr: Annotated[
+        str | None,
+        typer.Option(
+            "--local-addr",
+            "--local_addr",
+            metavar="ADDR",
+            help="The address this node gives its peers (default: POD_IP, SLURMD_NODENAME, or this "
+            "node's address on the route to --master-addr).",
         ),
     ] = None,
 ) -> None:
@@ -195,10 +254,16 @@ def command(
     --nproc-per-node), nvtrain's defaults otherwise (5 in-job restarts); its events log (and
     checkpoints) go to $TMPDIR/nvtrain/<run id>/.
 
-    torchrun's flags --nproc-per-node, --nnodes, --max-restarts, --standalone and
-    --master-port override the policy (the command line beats the file) and are checked as
-    the file is; --tee, --redirects, --log-dir and --local-ranks-filter go to ft_launcher.
-    Each takes torchrun's underscore spelling too (--nproc_per_node).
+    torchrun's flags --nproc-per-node, --nnodes, --max-restarts, --standalone,
+    --master-port, --master-addr and --rdzv-endpoint override the policy (the command line
+    beats the file) and are checked as the file is; --tee, --redirects, --log-dir and
+    --local-ranks-filter go to ft_launcher. Each takes torchrun's underscore spelling too
+    (--nproc_per_node).
+
+    Off Kubernetes, start one nvtrain run per node: on bare metal with --nnodes N
+    --node-rank I --master-addr NODE0 --rdzv-id ID (as torchrun); under Slurm with srun
+    --ntasks-per-node=1 nvtrain run ..., which reads the node rank, the node count, node 0
+    and the run id from Slurm's variables.
 
     A one-node job that sets no [rendezvous] port gets a free port, so several run side by
     side on one machine; a multi-node job uses 29500 unless the policy sets one.
@@ -206,7 +271,7 @@ def command(
     Exit 0 finished; 1 failed with the restart budget spent; 2 invalid policy or usage; 3 peers
     not found in time; 4 the same fault repeats without progress; 128+N stopped by signal N.
     """
-    from nvtrain.launcher.identity import identify
+    from nvtrain.launcher.identity import identify, on_kubernetes, slurm_step
     from nvtrain.launcher.overrides import launcher_options, on_this_node, resolve_run
     from nvtrain.launcher.rundir import prepare
     from nvtrain.launcher.supervisor import supervise
@@ -222,11 +287,16 @@ def command(
         standalone=standalone,
         master_port=master_port,
         no_warm_start=no_warm_start,
+        master_addr=master_addr,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_backend=rdzv_backend,
+        slurm=slurm_step(),
+        on_pod=on_kubernetes(),
     )
     options = launcher_options(
         tee=tee, redirects=redirects, log_dir=log_dir, local_ranks_filter=local_ranks_filter
     )
-    identity = identify(resolved.policy, run_id=run_id)
+    identity = identify(resolved.policy, run_id=run_id, node_rank=node_rank, local_addr=local_addr)
     policy = on_this_node(resolved.policy, identity.has_gpu)
     plan, paths = prepare(policy, identity, extra_args=resolved.extra_args, launcher_options=options)
     if dry_run:
@@ -235,7 +305,11 @@ def command(
     if plan.is_host and not resolved.port_chosen:
         from nvtrain.launcher.ports import check_rendezvous_port
 
-        check_rendezvous_port(resolved.policy.rendezvous.port)
+        port = resolved.policy.rendezvous.port
+        given = f"--master-port {port}" if master_port is not None else None
+        if rdzv_endpoint is not None and master_port is None:
+            given = f"--rdzv-endpoint {rdzv_endpoint}"
+        check_rendezvous_port(port, flag=given)
     from nvtrain.cli import _console
 
     try:

@@ -11,12 +11,21 @@ import ast
 import contextlib
 import inspect
 import os
+import re
 import typing
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, PrivateAttr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 
 from nvtrain.config.derive import (
     CHECKPOINT_INTERVAL,
@@ -143,6 +152,21 @@ class Rendezvous(BaseModel):
 
     cluster_domain: str = "cluster.local"
     """DNS domain of the cluster."""
+
+    host: str | None = Field(default=None, min_length=1, max_length=253)
+    """Address or name of the rendezvous store's host off Kubernetes (bare metal): node 0, or
+    where `nvtrain control` runs; torchrun's `--master-addr`. Unset: pod 0's DNS name on
+    Kubernetes, the first node of the step under Slurm (`srun`)."""
+
+    @field_validator("host")
+    @classmethod
+    def _host_shape(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9_.%-]+|\[?[0-9A-Fa-f:.%]+\]?", value):
+            raise ValueError(
+                "is not an IP address or a host name; write node 0's address or name, e.g. "
+                'host = "10.0.0.1" or host = "node01"'
+            )
+        return value
 
     port: int = Field(default=RENDEZVOUS_PORT, ge=1, le=65535)
     """TCP port of the rendezvous store on pod 0. Default: 29500, or 29501 when `[metrics] port`

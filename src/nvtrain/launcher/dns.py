@@ -37,12 +37,29 @@ class DnsTimeout(NvtrainError):
     def __init__(self, name: str, waited: float, last_error: str) -> None:
         self.name = name
         self.waited = waited
+        off_pod = (
+            ""
+            if _kubernetes_name(name)
+            else (
+                "off Kubernetes, the store's host ([rendezvous] host, --master-addr, --rdzv-endpoint, "
+                "or the first node of Slurm's node list) is not in this node's DNS or /etc/hosts: "
+                "give node 0's IP address (--master-addr ADDR) or add the name to /etc/hosts; on "
+                "Kubernetes, "
+            )
+        )
         super().__init__(
-            f"{name} did not resolve within {waited:.0f}s ({last_error}). Likely causes: "
+            f"{name} did not resolve within {waited:.0f}s ({last_error}). Likely causes: {off_pod}"
             f"{_missing_service(name)}; the pod spec lacks `subdomain: <service>`, or names "
             "another Service than [rendezvous] service; the Service does not set "
             "`publishNotReadyAddresses: true`; or pod 0 is not running"
         )
+
+
+def _kubernetes_name(name: str) -> bool:
+    """Whether ``name`` is a pod's name under a headless Service: ``<pod>.<service>.<namespace>.
+    svc.<cluster domain>``."""
+    parts = name.split(".")
+    return len(parts) >= 5 and parts[3] == "svc"
 
 
 def _missing_service(name: str) -> str:

@@ -26,6 +26,17 @@ the exact function it expects, and leaves NVRx as it is otherwise (``tune`` says
   skipped.
 
 ``NVTRAIN_FT_TUNING=off`` in ``nvtrain run``'s environment runs ft_launcher untouched.
+
+**The script's arguments never reach ft_launcher's parser** (every version, tuned or not). Its
+argparse sees every word of its command line, the script's too, and reads a word that
+abbreviates one of its options as that option (NVRx 0.4: ``--workers 4`` is "ambiguous option:
+--workers could match --workers-stop-timeout"). Here the command line is cut after the
+entrypoint (``-m nvtrain.entry SCRIPT`` or ``-m nvtrain.zygote.client -m MODULE``,
+:func:`split_script_args`); ft_launcher parses the first part, and the rest is appended, word
+for word, to the arguments it passes to its workers. An error of ft_launcher's parser (its own
+options: an NVRx that lacks one) ends the program with exit 2 (argparse's) and one line,
+``nvtrain ftmain: usage error: ft_launcher refused its command line: <argparse's error>``, in
+place of argparse's usage text (which lists ft_launcher's options, not ``nvtrain run``'s).
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import contextlib
 import datetime
 import importlib
 import inspect
+import io
 import os
 import select
 import signal
@@ -48,18 +60,26 @@ from typing import Any
 from nvtrain.nvrx import NvrxVersion, installed_nvrx
 
 __all__ = [
+    "ENTRY_MODULES",
     "TUNING_ENV",
+    "USAGE_ERROR",
     "ChildExits",
     "main",
     "monitor_interval",
     "one_node",
     "option",
     "prompt_group_cleanup",
+    "split_script_args",
     "tune",
 ]
 
 LAUNCHER = "nvidia_resiliency_ext.fault_tolerance.launcher"
 BARRIER = "nvidia_resiliency_ext.fault_tolerance.ft_rendezvous_barrier"
+ENTRY_MODULES = ("nvtrain.entry", "nvtrain.zygote.client")
+"""nvtrain's entrypoints in ft_launcher's command line (``-m MODULE``), each followed by the
+script (``SCRIPT`` or ``-m MODULE``) and then the script's arguments."""
+USAGE_ERROR = "nvtrain ftmain: usage error:"
+"""How the line that repeats an error of ft_launcher's parser begins."""
 GROUP_GRACE = 1.0
 """At most this long after SIGTERM before the workers' process groups get SIGKILL (NVRx's
 fixed wait)."""
@@ -137,6 +157,48 @@ class _Clock(types.ModuleType):
             return
         else:
             time.sleep(seconds)
+
+
+def split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """ft_launcher's arguments cut after nvtrain's entrypoint and its target: (what its parser
+    reads, the script's arguments). ``nvtrain.launcher.plan`` writes each of ft_launcher's own
+    options as one word (``--name=value``), so the first ``-m`` followed by one of
+    ``ENTRY_MODULES`` starts the entrypoint. (argv, []) when there is none."""
+    for k, word in enumerate(argv[:-2]):
+        if word == "-m" and argv[k + 1] in ENTRY_MODULES:
+            end = k + (4 if argv[k + 2] == "-m" else 3)
+            if end <= len(argv):
+                return argv[:end], argv[end:]
+            break
+    return argv, []
+
+
+def _with_script_args(parse: Callable[..., Any], script_args: list[str]) -> Callable[..., Any]:
+    """ft_launcher's ``parse_args``, with ``script_args`` appended to the worker's arguments it
+    reads (``training_script_args``), and its usage errors repeated on one line."""
+
+    def parse_args(*args: Any, **kwargs: Any) -> Any:
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said):
+                parsed = parse(*args, **kwargs)
+        except SystemExit as exc:
+            text = said.getvalue()
+            if exc.code in (0, None):
+                sys.stderr.write(text)
+                raise
+            # argparse's usage is ft_launcher's, not the user's: only its error line is shown.
+            errors = [line.partition(": error: ")[2] for line in text.splitlines() if ": error: " in line]
+            why = errors[-1] if errors else text.strip() or f"exit code {exc.code}"
+            print(f"{USAGE_ERROR} ft_launcher refused its command line: {why}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        sys.stderr.write(said.getvalue())
+        if script_args:
+            parsed.training_script_args = [*getattr(parsed, "training_script_args", []), *script_args]
+        return parsed
+
+    parse_args.__wrapped__ = parse  # type: ignore[attr-defined]
+    return parse_args
 
 
 def option(argv: list[str], *flags: str) -> str | None:
@@ -263,7 +325,12 @@ def main() -> None:
     if len(sys.argv) < 2 or sys.argv[1] != LAUNCHER:
         sys.exit(f"usage: python -m nvtrain.launcher.ftmain {LAUNCHER} [ft_launcher's arguments]")
     launcher = importlib.import_module(LAUNCHER)
-    argv = sys.argv[2:]
+    argv, script_args = split_script_args(sys.argv[2:])
+    parse = getattr(launcher, "parse_args", None)
+    if callable(parse):
+        launcher.parse_args = _with_script_args(parse, script_args)  # type: ignore[attr-defined]
+    else:  # no parser to wrap: ft_launcher reads the whole command line, as shipped
+        argv, script_args = [*argv, *script_args], []
     if os.environ.get(TUNING_ENV, "").lower() not in ("off", "0", "false", "no"):
         done = tune(launcher, installed_nvrx(), argv)
         _log(f"nvtrain ftmain: {'; '.join(done) or 'as shipped'}")

@@ -27,11 +27,26 @@ A hostname counts as the job's only when it is ``<base>-<index>`` with ``[job] n
 ``<base>`` and ``<index>`` the node rank (``nvtrain validate --manifest`` refuses a Job whose
 name does not hold the job name), or the control pod's ``<[job] name>-control``; a domain only
 when it has the kubelet's shape ``<subdomain>.<namespace>.svc.<cluster domain>``.
+
+Off Kubernetes the same four things come from elsewhere, and the rest of nvtrain does not know
+which source gave them (``Identity.source``):
+
+- **bare metal** (torchrun's flags): the node rank from ``--node-rank`` (or
+  ``NVTRAIN_NODE_RANK``), the store's host from ``[rendezvous] host`` (``--master-addr``,
+  ``--rdzv-endpoint``), the run id from ``--run-id``/``--rdzv-id`` or ``NVTRAIN_RUN_ID``; the
+  address published to the peers is ``--local-addr``, else, when the store's host is an IP
+  address, this node's address on the route to it (no DNS needed), else NVRx's default;
+- **Slurm** (``srun nvtrain run``, ``launcher.slurm``): ``SLURM_NODEID``, the first node of the
+  step's node list, ``SLURMD_NODENAME``, and a run id ``<[job] name>-slurm-<SLURM_JOB_ID>``.
+
+Precedence, highest first: the command line, ``NVTRAIN_*``, Kubernetes' ``JOB_COMPLETION_INDEX``,
+Slurm's variables, the hostname. A written ``[rendezvous] host`` wins over Slurm's node list.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 import secrets
@@ -39,12 +54,26 @@ import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal
 
 from nvtrain.config.schema import Policy
 from nvtrain.errors import UsageError
+from nvtrain.launcher import slurm
 from nvtrain.launcher.dns import PodNames
 
-__all__ = ["HOSTS_FILE", "Identity", "identify", "new_run_id", "pod_names"]
+__all__ = [
+    "HOSTS_FILE",
+    "Identity",
+    "Source",
+    "identify",
+    "new_run_id",
+    "on_kubernetes",
+    "pod_names",
+    "route_address",
+    "slurm_step",
+]
+
+Source = Literal["standalone", "kubernetes", "slurm", "flags"]
 
 HOSTS_FILE = Path("/etc/hosts")
 """Where the kubelet writes the pod's own DNS name (with ``hostname`` and ``subdomain`` set)."""
@@ -71,6 +100,11 @@ class Identity:
     names: PodNames | None = None
     """The DNS names of this job's pods as this pod sees them (``pod_names``); None: the
     policy's (``PodNames.of``)."""
+    store_host: str | None = None
+    """The rendezvous store's host when it is not a pod's DNS name: ``[rendezvous] host``
+    (bare metal) or node 0 of the Slurm step. None: Kubernetes names (or standalone)."""
+    source: Source = "kubernetes"
+    """Where the node rank and the store's host came from."""
 
 
 def new_run_id(job_name: str) -> str:
@@ -161,6 +195,48 @@ def pod_names(
     return names if domain is None else dataclasses.replace(names, domain=domain)
 
 
+def on_kubernetes(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process runs in a Kubernetes pod (the kubelet sets
+    ``KUBERNETES_SERVICE_HOST`` in every container) or as an Indexed Job's pod."""
+    env = os.environ if env is None else env
+    return bool(env.get("KUBERNETES_SERVICE_HOST", "").strip() or env.get("JOB_COMPLETION_INDEX", "").strip())
+
+
+def slurm_step(env: Mapping[str, str] | None = None) -> slurm.SlurmStep | None:
+    """This task's Slurm step (``launcher.slurm``), unless Kubernetes gives the node index
+    (``JOB_COMPLETION_INDEX``) or this is no Slurm task."""
+    env = os.environ if env is None else env
+    if env.get("JOB_COMPLETION_INDEX", "").strip():
+        return None
+    return slurm.from_env(env)
+
+
+def route_address(host: str, port: int) -> str | None:
+    """This node's address on the route to ``host`` (an IP address): what a peer reaches it
+    at on that network, found without DNS and without sending anything (a UDP socket's
+    ``connect`` picks the source address). None when ``host`` is not an IP address or there is
+    no route to it."""
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.connect((str(ip), port))
+            return str(sock.getsockname()[0])
+    except OSError:
+        return None
+
+
+def _rank_hint(policy: Policy, nodes: int) -> str:
+    return (
+        f"give each node its index from 0 to {nodes - 1}: --node-rank N (bare metal, as torchrun), "
+        "srun (Slurm sets SLURM_NODEID), an Indexed Job (JOB_COMPLETION_INDEX), a pod named "
+        f"{policy.job.name}-<index>, or NVTRAIN_NODE_RANK"
+    )
+
+
 def identify(
     policy: Policy,
     env: Mapping[str, str] | None = None,
@@ -168,33 +244,62 @@ def identify(
     run_id: str | None = None,
     hostname: str | None = None,
     hosts_file: Path | None = HOSTS_FILE,
+    node_rank: int | None = None,
+    local_addr: str | None = None,
 ) -> Identity:
-    """Work out this node's identity from the environment (``os.environ`` by default) and, for
-    the peers' names, ``hosts_file`` (None: not read)."""
+    """Work out this node's identity from the environment (``os.environ`` by default), the
+    command line (``run_id``, ``node_rank``, ``local_addr``: torchrun's ``--rdzv-id``,
+    ``--node-rank``, ``--local-addr``) and, for the peers' names on Kubernetes,
+    ``hosts_file`` (None: not read)."""
     env = os.environ if env is None else env
     host = hostname or env.get("HOSTNAME") or socket.gethostname()
     nodes = policy.rendezvous.nodes
-    rank = _node_rank(env, host, policy)
     standalone = nodes == 1
+    step = slurm_step(env)  # its job id names a one-node run too
+    if step is not None and step.batch and not standalone:
+        raise UsageError(
+            f"a {nodes}-node job started in a Slurm batch script (no SLURM_STEP_ID): nvtrain run "
+            "runs on this node only, and the other nodes would never join",
+            "start it on every node of the allocation: srun --ntasks-per-node=1 nvtrain run ...",
+        )
+    here = None if standalone else step  # where this node stands in a multi-node step
+    store_host = policy.rendezvous.host or (here.store_host if here is not None else None)
+    rank = node_rank if node_rank is not None else _node_rank(env, host, policy)
+    if rank is None and here is not None:
+        rank = here.node_rank
+    source: Source = "standalone" if standalone else "kubernetes"
+    if not standalone and policy.rendezvous.host:
+        source = "flags"
+    elif here is not None:
+        source = "slurm"
+    if node_rank is not None and store_host is None and not standalone and not on_kubernetes(env):
+        raise UsageError(
+            f"--node-rank {node_rank} of a {nodes}-node job, but no rendezvous host: off Kubernetes "
+            "nvtrain cannot find node 0 by a pod's DNS name",
+            "give node 0's address as torchrun does: --master-addr HOST (or --rdzv-endpoint "
+            "HOST:PORT, or [rendezvous] host in the policy)",
+        )
     if rank is None:
         if not standalone:
+            where = "pod" if store_host is None and on_kubernetes(env) else "node"
             raise UsageError(
-                f"cannot tell this pod's node index for a {nodes}-node job",
-                "run it as an Indexed Job (JOB_COMPLETION_INDEX), name the pod "
-                f"{policy.job.name}-<index>, or set NVTRAIN_NODE_RANK",
+                f"cannot tell the node index of this {where} in a {nodes}-node job", _rank_hint(policy, nodes)
             )
         rank = 0
     if rank >= nodes:
         raise UsageError(
             f"node index {rank} is outside the job's {nodes} node(s)",
-            f"raise [rendezvous] nodes to at least {rank + 1}, or fix the index",
+            f"raise [rendezvous] nodes (--nnodes) to at least {rank + 1}, or fix the index",
         )
     rid = run_id or env.get("NVTRAIN_RUN_ID", "").strip()
+    if not rid and step is not None:
+        rid = f"{policy.job.name}-slurm-{step.job_id}"
     if not rid:
         if not standalone:
             raise UsageError(
-                "a multi-node job needs a run id that every pod shares",
-                "set NVTRAIN_RUN_ID (the manifests use the Job's uid) or pass --run-id",
+                "a multi-node job needs a run id that every node shares",
+                "pass the same --rdzv-id ID (or --run-id) to every node, or set NVTRAIN_RUN_ID "
+                "(the Kubernetes manifests use the Job's uid)",
             )
         rid = new_run_id(policy.job.name)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", rid):
@@ -205,12 +310,18 @@ def identify(
     address = None
     names = None
     if not standalone:
-        names = pod_names(policy, env, hostname=host, rank=rank, hosts_file=hosts_file)
-        # Without POD_IP, NVRx would publish socket.getfqdn(): in a pod without `subdomain`
-        # that is the bare hostname, which the peers cannot resolve. This pod's stable name is
-        # resolvable wherever pod 0's name is (the same headless Service), and follows the pod
-        # to a new IP when it is replaced.
-        address = env.get("POD_IP", "").strip() or names.pod(rank)
+        address = local_addr or env.get("POD_IP", "").strip() or None
+        if store_host is None:
+            names = pod_names(policy, env, hostname=host, rank=rank, hosts_file=hosts_file)
+            # Without POD_IP, NVRx would publish socket.getfqdn(): in a pod without `subdomain`
+            # that is the bare hostname, which the peers cannot resolve. This pod's stable name
+            # is resolvable wherever pod 0's name is (the same headless Service), and follows
+            # the pod to a new IP when it is replaced.
+            address = address or names.pod(rank)
+        elif address is None and source == "slurm" and here is not None:
+            address = here.node_name  # a name of the node list, as the store's host is
+        elif address is None:
+            address = route_address(store_host, policy.rendezvous.port)
     return Identity(
         node_rank=rank,
         standalone=standalone,
@@ -221,4 +332,6 @@ def identify(
         or bool(env.get("NVIDIA_VISIBLE_DEVICES", "").replace("void", "").strip()),
         has_infiniband=Path("/sys/class/infiniband").is_dir(),
         names=names,
+        store_host=None if standalone else store_host,
+        source=source,
     )

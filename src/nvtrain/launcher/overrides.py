@@ -14,6 +14,16 @@ default): every pod must dial the same one.
 
 torchrun's log options (``--tee``, ``--redirects``, ``--log-dir``, ``--local-ranks-filter``)
 are ft_launcher's too; ``launcher_options`` checks them and spells them for ft_launcher.
+
+Off Kubernetes: ``--master-addr`` and ``--rdzv-endpoint HOST[:PORT]`` set ``[rendezvous] host``
+(and ``port``); under Slurm the step's node count and workers per node
+(``launcher.slurm``) stand in for ``[rendezvous] nodes`` and ``[job] nproc_per_node`` where
+neither the file nor a flag sets them. Paths are resolved against the directory ``nvtrain run``
+started in: a relative ``[checkpoint] dir`` (which ``nvtrain validate`` refuses, since workers
+may start elsewhere) and ``[job] script`` (so that the script's ``__file__`` is absolute, as
+under ``python`` and torchrun); and off a pod, a policy that does not set ``[checkpoint] dir``
+keeps its checkpoints in ``$TMPDIR/nvtrain`` (``script_checkpoint_dir``), as the script form
+does, not in ``/checkpoints`` at the filesystem's root.
 """
 
 from __future__ import annotations
@@ -31,15 +41,18 @@ from nvtrain.config.demo import DEMO_POLICY_SOURCE
 from nvtrain.config.derive import derive_defaults
 from nvtrain.config.load import validate_data
 from nvtrain.config.schema import Policy
-from nvtrain.config.validation import load_policy
+from nvtrain.config.validation import validate_file
 from nvtrain.errors import ConfigError, UsageError
 from nvtrain.findings import Finding
 from nvtrain.launcher.ports import free_port
+from nvtrain.launcher.slurm import SlurmStep
 from nvtrain.nvrx import installed_nvrx
 
 __all__ = [
+    "RDZV_BACKENDS",
     "on_this_node",
     "Overrides",
+    "parse_endpoint",
     "Resolved",
     "is_script",
     "job_name_for",
@@ -76,6 +89,16 @@ class Overrides:
     """With ``script`` or ``module``: ``[job] args``."""
     no_warm_start: bool = False
     """``--no-warm-start``: ``[job] warm_start = false``."""
+    master_addr: str | None = None
+    """``--master-addr``, or the host of ``--rdzv-endpoint``: ``[rendezvous] host``."""
+    endpoint: str | None = None
+    """``--rdzv-endpoint`` as typed, when it gave ``master_addr`` (and ``master_port``)."""
+    env_nodes: tuple[int, str] | None = None
+    """(count, how to name it): Slurm's node count, for ``[rendezvous] nodes`` when neither the
+    file nor ``--nnodes`` sets it."""
+    env_nproc: tuple[int, str] | None = None
+    """(count, how to name it): Slurm's workers per node, for ``[job] nproc_per_node`` when
+    neither the file nor ``--nproc-per-node`` sets it."""
 
     def flags(self) -> dict[tuple[str, str], str]:
         """``{(table, key): flag as typed}`` for every key these overrides set."""
@@ -91,6 +114,16 @@ class Overrides:
             found["rendezvous", "nodes"] = found["rendezvous", "min_nodes"] = text
         if self.master_port is not None:
             found["rendezvous", "port"] = f"--master-port {self.master_port}"
+        if self.master_addr is not None:
+            found["rendezvous", "host"] = f"--master-addr {self.master_addr}"
+        if self.endpoint is not None:
+            found["rendezvous", "host"] = f"--rdzv-endpoint {self.endpoint}"
+            if self.master_port is not None:
+                found["rendezvous", "port"] = found["rendezvous", "host"]
+        if self.env_nodes is not None:
+            found.setdefault(("rendezvous", "nodes"), f"{self.env_nodes[1]} {_FROM_ENV}")
+        if self.env_nproc is not None:
+            found.setdefault(("job", "nproc_per_node"), f"{self.env_nproc[1]} {_FROM_ENV}")
         if self.max_restarts is not None:
             found["restart.in_job", "max_restarts"] = f"--max-restarts {self.max_restarts}"
         if self.no_warm_start:
@@ -139,6 +172,27 @@ def parse_nnodes(text: str) -> tuple[int, int]:
     return low, int(match.group(2) or low)
 
 
+def parse_endpoint(text: str) -> tuple[str, int | None]:
+    """torchrun's ``--rdzv-endpoint``: ``HOST``, ``HOST:PORT``, ``[IPv6]:PORT`` or a bare IPv6
+    address -> (host, port or None)."""
+    value = text.strip()
+    match = re.fullmatch(
+        r"\[([0-9A-Fa-f:.%]+)\](?::(\d+))?|([^:\[\]\s]+)(?::(\d+))?|([0-9A-Fa-f:.%]*:[0-9A-Fa-f:.%]*)", value
+    )
+    if match is None or not (match.group(1) or match.group(3) or match.group(5)):
+        raise UsageError(
+            f"--rdzv-endpoint {text!r} is not HOST or HOST:PORT",
+            "e.g. --rdzv-endpoint 10.0.0.1:29500 (node 0's address and the store's port)",
+        )
+    host = match.group(1) or match.group(3) or match.group(5)
+    port = match.group(2) or match.group(4)
+    if port is not None and not 1 <= int(port) <= 65535:
+        raise UsageError(
+            f"--rdzv-endpoint {text!r}: port {port} is not in 1-65535", "e.g. --rdzv-endpoint host:29500"
+        )
+    return host, int(port) if port is not None else None
+
+
 def is_script(target: str) -> bool:
     """Whether ``nvtrain run TARGET`` names a training script rather than a policy: a name
     ending in ``.py``, or a file whose first line is a Python shebang (``#!...python...``)."""
@@ -184,11 +238,27 @@ def resolve_run(
     standalone: bool = False,
     master_port: int | None = None,
     no_warm_start: bool = False,
+    master_addr: str | None = None,
+    rdzv_endpoint: str | None = None,
+    rdzv_backend: str | None = None,
+    slurm: SlurmStep | None = None,
+    on_pod: bool = True,
+    cwd: Path | None = None,
 ) -> Resolved:
     """What ``nvtrain run [TARGET] [ARGS]`` runs: TARGET is a policy file, or a training script
     (``is_script``, or any name after ``--policy FILE``); ``module`` is ``-m MODULE``; with a
     script or module, ARGS are its arguments; with a policy, more arguments after its own.
-    The flags are the command line's, as typed (``nproc_per_node="gpu"``, ``nnodes="2:4"``)."""
+    The flags are the command line's, as typed (``nproc_per_node="gpu"``, ``nnodes="2:4"``).
+    ``slurm``: the Slurm step this runs in (its node count and workers per node stand in for
+    keys nothing sets); ``on_pod``: in a Kubernetes pod (else a policy without ``[checkpoint]
+    dir`` keeps its checkpoints under ``$TMPDIR``); ``cwd``: where relative paths start."""
+    here = cwd or Path.cwd()
+    if rdzv_backend is not None and rdzv_backend.strip() not in RDZV_BACKENDS:
+        raise UsageError(
+            f"--rdzv-backend {rdzv_backend}: nvtrain's rendezvous is NVRx's c10d store on node 0 "
+            "(its fault tolerance is built on it); etcd is not supported",
+            "drop --rdzv-backend, and give node 0's address with --rdzv-endpoint HOST:PORT",
+        )
     script = None
     if module is None and target is not None and (policy_file is not None or is_script(target)):
         script, target = target, None
@@ -200,27 +270,108 @@ def resolve_run(
         )
     path = policy_file if policy_file is not None else (Path(target) if target is not None else None)
     entry = script is not None or module is not None
+    endpoint_port = None
+    if rdzv_endpoint is not None:
+        host, endpoint_port = parse_endpoint(rdzv_endpoint)
+        if master_addr is not None and master_addr != host:
+            raise UsageError(
+                f"--master-addr {master_addr} and --rdzv-endpoint {rdzv_endpoint} name two hosts",
+                "give one of them: both name the rendezvous store's host (node 0)",
+            )
+        master_addr = host
+    if endpoint_port is not None and master_port is not None and master_port != endpoint_port:
+        raise UsageError(
+            f"--master-port {master_port} and --rdzv-endpoint {rdzv_endpoint} name two ports",
+            "give the port once: --rdzv-endpoint HOST:PORT, or --master-addr HOST --master-port PORT",
+        )
     overrides = Overrides(
         nproc_per_node=parse_nproc(nproc_per_node) if nproc_per_node is not None else None,
         nnodes=parse_nnodes(nnodes) if nnodes is not None else None,
         max_restarts=max_restarts,
         standalone=standalone,
-        master_port=master_port,
+        master_port=master_port if master_port is not None else endpoint_port,
         no_warm_start=no_warm_start,
         script=script,
         module=module,
         script_args=args if entry else (),
+        master_addr=master_addr.strip() if master_addr is not None else None,
+        endpoint=rdzv_endpoint if rdzv_endpoint is not None and endpoint_port is not None else None,
+        env_nodes=(slurm.nodes, f"the Slurm step's {slurm.nodes} node(s)")
+        if slurm is not None and not slurm.batch  # the batch script is one process, on one node
+        else None,
+        env_nproc=(slurm.nproc, f"Slurm's {slurm.nproc} worker(s) per node")
+        if slurm is not None and slurm.nproc
+        else None,
     )
-    base = load_policy(path) if path is not None or not entry else None
+    if rdzv_endpoint is not None and endpoint_port is None:
+        overrides = dataclasses.replace(overrides, endpoint=rdzv_endpoint)
+    base = _load(path, entry=entry, cwd=here) if path is not None or not entry else None
     source = str(path) if path is not None else ("the command line" if entry else DEMO_POLICY_SOURCE)
-    resolved = resolve(base, overrides, source=source)
+    resolved = resolve(base, overrides, source=source, on_pod=on_pod)
+    resolved = dataclasses.replace(resolved, policy=_absolute_script(resolved.policy, here))
     return resolved if entry else dataclasses.replace(resolved, extra_args=args)
 
 
-def resolve(policy: Policy | None, overrides: Overrides, *, source: str) -> Resolved:
+RDZV_BACKENDS = ("c10d", "static")
+"""torchrun's ``--rdzv-backend`` values taken: either way node 0 hosts NVRx's c10d store."""
+
+_FROM_ENV = "(srun's environment)"
+"""How a finding names a key that Slurm's variables set."""
+
+_FORGIVEN = {"job-entrypoint", "checkpoint-dir"}
+"""Errors of a policy file that ``nvtrain run`` mends (``_load``)."""
+
+
+def _load(path: Path | None, *, entry: bool, cwd: Path) -> Policy | dict[str, Any]:
+    """The policy file at ``path`` (None: the demo's), validated; or, where its only errors are
+    what the command line mends, its written keys mended: no ``[job] script``/``module`` when
+    the command line names the script (``--policy FILE train.py``), a relative ``[checkpoint]
+    dir`` resolved against ``cwd``. ``ConfigError`` with every finding otherwise."""
+    result = validate_file(path)
+    if result.ok:
+        assert result.policy is not None
+        return result.policy
+    errors = result.errors
+    data = result.data
+    mendable = bool(data) and all(f.code in _FORGIVEN for f in errors)
+    ckpt = data.get("checkpoint") if isinstance(data.get("checkpoint"), dict) else {}
+    folder = ckpt.get("dir") if isinstance(ckpt, dict) else None
+    for f in errors:
+        if f.code == "job-entrypoint" and not entry:
+            mendable = False
+        if f.code == "checkpoint-dir" and not (isinstance(folder, str) and folder and "\0" not in folder):
+            mendable = False
+    if not mendable:
+        raise ConfigError(result.source, result.findings)
+    mended: dict[str, Any] = {
+        key: dict(value) if isinstance(value, dict) else value for key, value in data.items()
+    }
+    if isinstance(folder, str) and not folder.startswith("/"):
+        mended["checkpoint"]["dir"] = os.path.normpath(cwd / folder)
+    if entry and isinstance(mended.get("job"), dict):
+        for key in ("script", "module"):
+            mended["job"].pop(key, None)
+    return mended
+
+
+def _absolute_script(policy: Policy, cwd: Path) -> Policy:
+    """``policy`` with ``[job] script`` resolved against ``cwd`` (the script's ``__file__`` is
+    then absolute, as under ``python SCRIPT``)."""
+    script = policy.job.script
+    if script is None or Path(script).is_absolute():
+        return policy
+    job = policy.job.model_copy(update={"script": os.path.normpath(cwd / script)})
+    return policy.model_copy(update={"job": job})
+
+
+def resolve(
+    policy: Policy | dict[str, Any] | None, overrides: Overrides, *, source: str, on_pod: bool = True
+) -> Resolved:
     """The policy to run: ``policy`` (None: the default policy of the script form, which needs
-    ``overrides.script`` or ``module``) with the overrides applied and checked again, and a free
-    rendezvous port for a one-node job that does not set one. Raises ``ConfigError`` naming the
+    ``overrides.script`` or ``module``; a dict: a file's written keys that ``_load`` mended)
+    with the overrides applied and checked again, and a free rendezvous port for a one-node job
+    that does not set one. Off a pod (``on_pod`` false), a policy that does not set
+    ``[checkpoint] dir`` gets ``script_checkpoint_dir()``. Raises ``ConfigError`` naming the
     flags, or ``UsageError`` when the script does not exist."""
     entry = overrides.module if overrides.module is not None else overrides.script
     if overrides.standalone and overrides.nnodes not in (None, (1, 1)):
@@ -239,12 +390,29 @@ def resolve(policy: Policy | None, overrides: Overrides, *, source: str) -> Reso
             "job": {"name": job_name_for(entry)},
             "checkpoint": {"dir": script_checkpoint_dir()},
         }
-    elif overrides == Overrides():
-        return _with_port(policy)
     else:
-        data = _written(policy)
+        data = _written(policy) if isinstance(policy, Policy) else policy
+    written_dir = "dir" in (data.get("checkpoint") or {})
+    overrides = _unwritten_only(data, overrides)
+    if isinstance(policy, Policy) and overrides == Overrides() and (on_pod or written_dir):
+        return _with_port(policy)
+    if not on_pod and not written_dir:
+        data.setdefault("checkpoint", {})["dir"] = script_checkpoint_dir()
     _apply(data, overrides)
     return _with_port(_checked(data, overrides, source))
+
+
+def _unwritten_only(data: dict[str, Any], o: Overrides) -> Overrides:
+    """``o`` without Slurm's stand-ins for keys that the file or a flag sets."""
+    rendezvous = data.get("rendezvous") or {}
+    job = data.get("job") or {}
+    nodes_set = o.standalone or o.nnodes is not None or "nodes" in rendezvous or "min_nodes" in rendezvous
+    nproc_set = o.nproc_per_node is not None or "nproc_per_node" in job
+    return dataclasses.replace(
+        o,
+        env_nodes=None if nodes_set else o.env_nodes,
+        env_nproc=None if nproc_set else o.env_nproc,
+    )
 
 
 def on_this_node(policy: Policy, has_gpu: bool) -> Policy:
@@ -307,6 +475,12 @@ def _apply(data: dict[str, Any], o: Overrides) -> None:
             rendezvous["min_nodes"] = low
     if o.master_port is not None:
         rendezvous["port"] = o.master_port
+    if o.master_addr is not None:
+        rendezvous["host"] = o.master_addr
+    if o.env_nodes is not None:
+        rendezvous["nodes"] = o.env_nodes[0]
+    if o.env_nproc is not None:
+        job["nproc_per_node"] = o.env_nproc[0]
     if o.max_restarts is not None:
         data.setdefault("restart", {}).setdefault("in_job", {})["max_restarts"] = o.max_restarts
 
@@ -329,7 +503,7 @@ def _checked(data: dict[str, Any], overrides: Overrides, source: str) -> Policy:
 
 def _blame(finding: Finding, flags: dict[tuple[str, str], str], otherwise: str) -> Finding:
     flag = flags.get((finding.table, finding.key or ""))
-    where = f"{flag} (command line)" if flag is not None else otherwise
+    where = otherwise if flag is None else flag if flag.endswith(_FROM_ENV) else f"{flag} (command line)"
     return dataclasses.replace(finding, file=where, line=None, column=None)
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from nvtrain.config.schema import Heartbeat, Job, Policy
 from nvtrain.entry import USER_TMPDIR_ENV
 from nvtrain.launcher.dns import store_name
+from nvtrain.launcher.ftmain import ENTRY_MODULES
 from nvtrain.launcher.identity import Identity
 from nvtrain.nvrx import NvrxVersion
 from nvtrain.private import RUN_KEY_ENV
@@ -50,8 +51,10 @@ MONITOR_INTERVAL = 0.1
 """ft_launcher's ``--monitor-interval``, torchrun's default: how often it looks at its workers
 (a worker's exit also wakes it at once, ``ftmain``) and at the store for peers' restarts. The
 heartbeat checks run at ``[heartbeat] monitor_interval`` (``--ft-workload-check-interval``)."""
-ENTRY = "nvtrain.entry"
-ZYGOTE_CLIENT = "nvtrain.zygote.client"
+ENTRY, ZYGOTE_CLIENT = ENTRY_MODULES
+"""The entrypoints: ``ftmain`` cuts ft_launcher's command line after them and their target, so
+that no word of the script's arguments reaches ft_launcher's parser (each of ft_launcher's own
+options is therefore written as one word, ``--name=value``)."""
 ZYGOTE_SERVER = "nvtrain.zygote.server"
 
 
@@ -222,6 +225,8 @@ def build_plan(
     r, hb, job = policy.rendezvous, policy.heartbeat, policy.job
     if identity.standalone:
         host, wait_for = "127.0.0.1", None
+    elif identity.store_host is not None:  # bare metal, Slurm: an address or a host name
+        host = wait_for = identity.store_host.strip("[]")
     else:
         host = wait_for = store_name(policy, identity.names)
     control = r.store == "control" and not identity.standalone
@@ -229,7 +234,7 @@ def build_plan(
     # job: the control pod belongs to another Kubernetes Job and cannot read this one's uid.
     is_host = identity.node_rank == 0 and not control
     rdzv_id = rendezvous_id(policy) if control else identity.run_id
-    endpoint = f"{host}:{r.port}"
+    endpoint = f"[{host}]:{r.port}" if ":" in host else f"{host}:{r.port}"  # IPv6 in brackets
     rdzv_conf = [f"is_host={int(is_host)}", f"join_timeout={math.ceil(r.join_timeout)}"]
     if nvrx.barrier_rendezvous:
         rdzv_conf.append(f"store_connect_wait_seconds={math.ceil(r.join_timeout)}")

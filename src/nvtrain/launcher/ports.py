@@ -27,9 +27,17 @@ _ADDRESSES = ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0"))
 """Where the store listens: IPv6 (dual-stack) first, IPv4 where IPv6 is not available."""
 
 
-def check_rendezvous_port(port: int) -> None:
+def check_rendezvous_port(port: int, *, flag: str | None = None) -> None:
     """``UsageError`` when the store could not listen on ``port`` here: another process holds
-    it (or, below 1024, this user may not bind it). Other failures are left to ft_launcher."""
+    it (or, below 1024, this user may not bind it). Other failures are left to ft_launcher.
+    ``flag``: the command-line flag that gave the port, as typed (``--master-port 29500``),
+    named first in the message and the fix; None: the policy's key."""
+    where = f"{flag}: " if flag else ""
+    change = (
+        f"pass another free port ({flag.split()[0]})"
+        if flag
+        else "set another free port in [rendezvous] port"
+    )
     for family, host in _ADDRESSES:
         try:
             sock = socket.socket(family, socket.SOCK_STREAM)
@@ -44,13 +52,13 @@ def check_rendezvous_port(port: int) -> None:
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
                     raise UsageError(
-                        f"[rendezvous] port = {port} is in use on this node: the rendezvous store "
-                        "cannot listen on it (another run, or another program, holds it)",
-                        f"stop what listens on port {port}, or set another free port in [rendezvous] port",
+                        f"{where}[rendezvous] port = {port} is in use on this node: the rendezvous "
+                        "store cannot listen on it (another run, or another program, holds it)",
+                        f"stop what listens on port {port}, or {change}",
                     ) from None
                 if exc.errno == errno.EACCES:
                     raise UsageError(
-                        f"[rendezvous] port = {port} cannot be bound by this user (ports below "
+                        f"{where}[rendezvous] port = {port} cannot be bound by this user (ports below "
                         "1024 need privileges): the rendezvous store cannot listen on it",
                         "set [rendezvous] port to 1024 or above, e.g. port = 29500",
                     ) from None

@@ -16,6 +16,7 @@ import dataclasses
 import errno
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -38,6 +39,7 @@ __all__ = [
     "os_error_text",
     "prepare",
     "remove_stale_host_copies",
+    "remove_stale_states",
     "remove_state",
     "unwritable_run_dir",
     "write_state",
@@ -210,6 +212,7 @@ def _make_parents(folder: Path) -> None:
 
 def _make_state(policy: Policy, paths: RunPaths) -> None:
     state = paths.state_dir
+    remove_stale_states(state.parent, mine=state)
     try:
         if private.make_private_dir(state):
             paths.made.append(state)
@@ -290,6 +293,30 @@ def remove_stale_host_copies(mine: Path) -> list[Path]:
             if head != prefix or not pid.isdigit() or entry == mine or _is_nvtrain(int(pid)):
                 continue
             if private.check_private_dir(entry, closed=0) is not None:
+                continue
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
+_STATE_NAME = re.compile(r"nvtrain-.+-node\d+-(\d+)|nvtrain-(\d+)-[0-9a-f]{8}")
+"""A state folder (``nvtrain-<run id>-node<N>-<pid>``) or a launcher's ``$TMPDIR`` beside it
+(``nvtrain-<pid>-<random>``, ``launcher_tmpdir``)."""
+
+
+def remove_stale_states(folder: Path, *, mine: Path | None = None) -> list[Path]:
+    """Remove the state folders in ``folder`` (``$TMPDIR``) that launchers killed outright
+    (SIGKILL, an OOM kill: no ``finally`` ran) left behind, with their secrets and sockets: a
+    folder of this user's, private (never a link, nor another user's), named after a pid that
+    no ``nvtrain`` process has. ``mine`` (this launcher's) is kept. Returns those removed."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in folder.iterdir():
+            match = _STATE_NAME.fullmatch(entry.name)
+            if match is None or entry == mine:
+                continue
+            pid = int(match.group(1) or match.group(2))
+            if pid == os.getpid() or _is_nvtrain(pid) or private.check_private_dir(entry) is not None:
                 continue
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
