@@ -186,7 +186,13 @@ def check_events_feed_the_report(runs: dict[str, RunResult]) -> None:
     faulty = ok(runs["faulty"])
     events = faulty.events
     committed = {e["step"] for e in events if e["event"] == "checkpoint_committed"}
-    assert set(range(INTERVAL, STEPS + 1, INTERVAL)) <= committed, sorted(committed)
+    # Every interval's save is committed, but one whose write to storage was still in flight
+    # when a SIGKILL came, and that the replacements then restored from its host copy: training
+    # goes on from it, and it is never written again (seen on a loaded machine: step 12).
+    killed = [f for f in _fired(events) if f["kind"] not in IN_PROCESS]
+    from_memory = {_restored_after(events, f) for f in killed}
+    missing = set(range(INTERVAL, STEPS + 1, INTERVAL)) - committed
+    assert missing <= from_memory, (sorted(committed), sorted(from_memory))
     staged = [e for e in events if e["event"] == "checkpoint_staged"]
     assert staged and all(e["blocked_s"] >= 0 and e["bytes"] > 0 for e in staged), staged[:2]
     report = read_report(faulty.run_dir)

@@ -18,6 +18,14 @@ from pathlib import Path
 import pytest
 from proc_helpers import BIN, LAUNCHER_MODULE, NvtrainRunner, make_policy
 
+from nvtrain.config.schema import Policy
+from nvtrain.errors import ExitCode
+from nvtrain.events import EventTail
+from nvtrain.launcher.identity import identify
+from nvtrain.launcher.outcome import decide
+from nvtrain.launcher.watch import Watch
+from nvtrain.nvrx import installed_nvrx
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 NOOP = str(BIN / "noop_worker.py")
@@ -57,3 +65,16 @@ def test_an_error_of_ft_launchers_parser_is_exit_2_with_its_message(tmp_path: Pa
     line = "nvtrain ftmain: usage error: ft_launcher refused its command line: unrecognized arguments: "
     assert line + "--no-such-option=1\n" in done.stderr, done.stderr
     assert "usage:" not in done.stderr and "WORKER RAN" not in done.stdout, done.stderr
+    # The supervisor reads that line from ft_launcher's output: nvtrain run ends with exit 2 (a
+    # usage error, not retried), not exit 1 ("budget spent", which Kubernetes retries).
+    policy = Policy.model_validate(
+        {"job": {"name": "usage", "script": NOOP}, "checkpoint": {"dir": str(tmp_path / "ckpt")}}
+    )
+    seen = Watch(policy, EventTail(tmp_path / "events.jsonl"), lambda r: None, node=0, host="vm")
+    seen.launcher_started()
+    for text in done.stderr.splitlines(keepends=True):
+        seen.line(text, stream="stderr")
+    ident = identify(policy, {"NVTRAIN_RUN_ID": "usage-1"}, hostname="vm")
+    outcome = decide(done.returncode, seen, policy, ident, "127.0.0.1:29500", installed_nvrx())
+    assert outcome.exit_code == ExitCode.USAGE == 2, outcome
+    assert "unrecognized arguments: --no-such-option=1" in outcome.cause, outcome

@@ -292,7 +292,9 @@ class Restart(BaseModel):
     escalate_after: int = Field(default=ESCALATE_AFTER, ge=1)
     """Stop the job (exit 4, never retried) when the same step or the same rank fails this many
     times in a row without progress. Default: 3, or `[restart.in_job] max_restarts` + 1 when
-    in-process restart is off and that is smaller (the budget ends the job first)."""
+    in-process restart is off and that is smaller (the budget ends the job first). A failure
+    before the first step that repeats with the same error (not a peer's) stops the job at its
+    second occurrence, with the script's error in the cause."""
 
     in_process: InProcessRestart = Field(default_factory=InProcessRestart)
     in_job: InJobRestart = Field(default_factory=InJobRestart)

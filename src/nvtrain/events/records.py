@@ -42,10 +42,12 @@ __all__ = [
     "CheckpointStaged",
     "DnsResolved",
     "DnsWait",
+    "Escalated",
     "Event",
     "EventsLogError",
     "EventsLogResumed",
     "FaultInjected",
+    "HangBlamed",
     "HangDetected",
     "KilledLeftovers",
     "LauncherError",
@@ -423,6 +425,37 @@ class Relaunch(Event):
 @_event("killed_leftovers")
 class KilledLeftovers(Event):
     pids: tuple[int, ...] | None = None
+
+
+@_event("escalated")
+class Escalated(Event):
+    """nvtrain decided that the failures repeat without progress and stops the run (exit 4):
+    ft_launcher is frozen at once, so that no new round starts, and its tree is stopped."""
+
+    reason: str | None = None
+    failures: int | None = None
+    """Failures counted in a row when it decided."""
+    error: str | None = None
+    """The script's error (the last line of its traceback), when known; a failure before the first
+    step that repeated with the same error stops the run before ``[restart] escalate_after``."""
+
+
+@_event("hang_blamed")
+class HangBlamed(Event):
+    """Which worker of this node a hang is blamed on. A rank blocked in a collective misses its
+    heartbeats too, so the rank monitor that fires first may name a healthy rank: a worker whose
+    process is stopped (SIGSTOP, a debugger) is the one that hung; it is ended with ``signal``
+    (it cannot act on SIGTERM). When no process tells, ``candidates`` lists the local ranks the
+    hang may be in, and ``local_rank`` is null. ``rank``: the culprit's global rank, if known."""
+
+    local_rank: int | None = None
+    worker_pid: int | None = None
+    state: str | None = None
+    """Its process state: ``stopped`` or ``tracing-stop``."""
+    signal: str | None = None
+    """The signal nvtrain sent to end it (``SIGKILL``)."""
+    candidates: tuple[int, ...] | None = None
+    """Local ranks the hang may be in, when none can be named."""
 
 
 @_event("signal")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import signal
+import sysconfig
 
 from nvtrain.events.records import (
     Event,
@@ -20,11 +21,13 @@ from nvtrain.events.records import (
 __all__ = [
     "RENDEZVOUS_TIMEOUT",
     "LogSorter",
+    "PlainTraceback",
     "Raised",
     "caused_by_peer",
     "parse_line",
     "read_line",
     "read_raised",
+    "script_frame",
     "signal_name",
 ]
 
@@ -177,6 +180,10 @@ class LogSorter:
         self._record: bool | None = None
         """Whether the record being continued is shown (None: no record to continue)."""
         self._rows = False
+        self._error_record = False
+        """The record being continued is an error (only errors are logged with a traceback: a
+        script's traceback right after another record is the script's, ``_traceback``)."""
+        self._first_frame = False
         self._trace: str | None = None
         """Where in the record's traceback: "head" (right after the record: a traceback may
         start), "handle" (asyncio's handle line may come first), "frames", "end" (after an
@@ -195,6 +202,7 @@ class LogSorter:
                 shown = False
             self._record, self._rows = shown, False
             self._trace = "handle" if message.startswith(_CALLBACK) else "head"
+            self._error_record = level in _ERROR_LEVELS
             return True, shown
         if self._record is not None:
             shown = self._record
@@ -214,6 +222,9 @@ class LogSorter:
         """Whether ``text`` (a line after a record) belongs to the record's traceback."""
         trace, self._trace = self._trace, None
         if trace == "frames":
+            first, self._first_frame = self._first_frame, False
+            if first and not self._error_record and script_frame(text):
+                return False  # a worker's traceback that came right after an INFO record
             self._trace = "frames" if text[:1] in (" ", "\t") else "end"  # else: the exception
             return True
         if trace == "handle" and text.startswith(_HANDLE):
@@ -221,6 +232,7 @@ class LogSorter:
             return True
         if trace is not None and text == _TRACEBACK:
             self._trace = "frames"
+            self._first_frame = True
             return True
         if trace == "end" and (not text.strip() or text in _CHAINED):
             self._trace = "end"
@@ -265,3 +277,60 @@ def caused_by_peer(error: str) -> bool:
     """Whether exception ``error`` is what a worker raises when a peer died or hung (a broken
     connection, a collective that timed out), rather than a fault of its own."""
     return _PEER.search(error) is not None
+
+
+# -- a traceback without a rank -----------------------------------------------------------------
+
+_PLAIN_EXCEPTION = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::\s.*)?")
+_FRAME = re.compile(r'[ \t]+File "([^"]+)", line \d+')
+_LIBRARIES = tuple(
+    {
+        path
+        for key in ("stdlib", "platstdlib", "purelib", "platlib")
+        if (path := sysconfig.get_paths().get(key))
+    }
+)
+_LIBRARY_PARTS = ("/site-packages/", "/dist-packages/")
+
+
+def script_frame(line: str) -> bool:
+    """Whether ``line`` is a traceback's frame in a file of the script's own (not in Python's
+    standard library or an installed package, nor ``<frozen ...>``)."""
+    match = _FRAME.match(line)
+    if match is None:
+        return False
+    path = match.group(1)
+    if path.startswith("<") or any(part in path for part in _LIBRARY_PARTS):
+        return False
+    return not any(path.startswith(lib.rstrip("/") + "/") for lib in _LIBRARIES)
+
+
+class PlainTraceback:
+    """Reads Python tracebacks that a worker printed itself (no ``[rank<N>]:`` before its lines:
+    an exception raised before ``init_process_group``), one stream's lines at a time: ``feed``
+    returns the exception's line (``ValueError: bad value``) when a traceback with at least one
+    frame in the script's own files (``script_frame``: not the launcher's, whose frames are all
+    in NVRx, torch and the standard library) ends with it. Chained exceptions each end their own
+    traceback. Lines of other processes between the frames may end a traceback early: then
+    nothing is returned."""
+
+    def __init__(self) -> None:
+        self._frames = False
+        """Inside a traceback, after its first line."""
+        self._script = False
+        """One of its frames is in the script's files."""
+
+    def feed(self, line: str) -> str | None:
+        text = line.rstrip("\r\n")
+        if text == _TRACEBACK:
+            self._frames, self._script = True, False
+            return None
+        if not self._frames:
+            return None
+        if text[:1] in (" ", "\t"):
+            self._script = self._script or script_frame(text)
+            return None
+        self._frames = False
+        if not self._script or text.startswith("[rank") or not _PLAIN_EXCEPTION.fullmatch(text):
+            return None
+        return text.strip()[:500]

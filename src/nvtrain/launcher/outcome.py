@@ -18,7 +18,7 @@ from typing import Protocol
 from nvtrain.config.schema import Policy
 from nvtrain.errors import ExitCode, signal_exit_code
 from nvtrain.events import Reporter
-from nvtrain.events.records import TerminationLogError, WorkerFailed
+from nvtrain.events.records import HangBlamed, TerminationLogError, WorkerFailed
 from nvtrain.launcher.identity import Identity
 from nvtrain.nvrx import NO_RESTART_EXIT_CODE, NvrxVersion
 
@@ -79,6 +79,12 @@ class Observed(Protocol):
     def world_nodes(self) -> int | None:
         """Nodes in the last completed rendezvous round, if one completed."""
 
+    # Read when present (``Watch`` has them; an observer without them blames nothing):
+    # ``escalated_error`` (str | None): the script's error when the run escalated;
+    # ``escalated_early`` (bool): it escalated before ``escalate_after`` (an identical failure);
+    # ``blames`` (Sequence[HangBlamed]): hangs blamed on a worker of this node, first first;
+    # ``usage_error`` (str | None): ft_launcher refused its own command line.
+
 
 def seconds(value: float) -> str:
     """``5.0`` -> ``"5s"``, as durations are written in a policy."""
@@ -122,14 +128,27 @@ def _decide(
             f"stopped by {name} on {where}; the workers were asked to stop first",
         )
     if seen.escalated:
+        error: str | None = getattr(seen, "escalated_error", None)
+        early = bool(getattr(seen, "escalated_early", False))
+        limit = f"[restart] escalate_after = {policy.restart.escalate_after}"
+        if early:
+            why = f"an error at start-up that repeats exactly stops the run before {limit}"
+        else:
+            why = f"no progress ({limit})" + (f"; the script's error: {error}" if error else "")
         return Outcome(
             int(ExitCode.ESCALATED),
-            f"escalation on {where}: {seen.escalated}, no progress "
-            f"([restart] escalate_after = {policy.restart.escalate_after}); not "
-            "retrying: fix the cause, then start a new run",
+            f"escalation on {where}: {seen.escalated}, {why}; not retrying: fix the cause, then "
+            "start a new run",
         )
     if code == 0:
         return Outcome(int(ExitCode.OK), f"run {identity.run_id} finished on {where}")
+    usage: str | None = getattr(seen, "usage_error", None)
+    if usage:
+        # A flag nvtrain passed on that this NVRx does not take: retrying cannot help.
+        return Outcome(
+            int(ExitCode.USAGE),
+            f"{usage} (on {where}); fix the flag or the policy key behind it, then start again",
+        )
     first = _first_failure(seen, where)
     earlier = f". Before that: {first}" if first else ""
     if nvrx is not None and nvrx.is_no_restart_exit(code):
@@ -145,7 +164,14 @@ def _decide(
         return Outcome(int(ExitCode.RENDEZVOUS), cause + earlier)
     budget = policy.restart.in_job.max_restarts
     root = _root_failure(seen)
-    if root is not None:
+    blame = _blame(seen) if root is not None and root.hang else None
+    if root is not None and blame is not None:
+        cause = (
+            f"workers failed; {seen.restarts}/{budget} in-job restarts used. Root cause "
+            f"(first failure): {_blamed(blame, where)}. The first failure seen: {first}; "
+            f"{len(seen.failures)} worker failure(s) in all"
+        )
+    elif root is not None:
         cause = (
             f"workers failed; {seen.restarts}/{budget} in-job restarts used. Root cause "
             f"(first failure): {first}; {len(seen.failures)} worker failure(s) in all"
@@ -170,6 +196,39 @@ def _root_failure(seen: Observed) -> WorkerFailed | None:
         if not failure.stopped:
             return failure
     return seen.failures[0] if seen.failures else None
+
+
+def _blame(seen: Observed) -> HangBlamed | None:
+    """The first hang blamed on a worker of this node, if the observer blamed one."""
+    blames = getattr(seen, "blames", ())
+    return blames[0] if blames else None
+
+
+def _blamed(blame: HangBlamed, where: str) -> str:
+    """A blamed hang in words."""
+    if blame.candidates:
+        ranks = ", ".join(str(r) for r in blame.candidates)
+        return (
+            f"a hang in one of local ranks {ranks} on {where} (or in a rank of another node they "
+            "wait for): no worker process was stopped, and a rank blocked in a collective misses "
+            "its heartbeats as surely as the rank it waits for, so the rank whose monitor fired "
+            "first may be a healthy one"
+        )
+    if blame.local_rank is not None:
+        who = f"local rank {blame.local_rank}"
+        if blame.rank not in (None, blame.local_rank):
+            who += f" (global rank {blame.rank})"
+    elif blame.rank is not None:
+        who = f"rank {blame.rank}"
+    else:
+        who = "a worker"
+    pid = f" (pid {blame.worker_pid})" if blame.worker_pid is not None else ""
+    how = f" and ended with {blame.signal}" if blame.signal else ""
+    return (
+        f"a hang in {who} on {where}{pid}: its process was {blame.state or 'stopped'} (SIGSTOP or "
+        f"a debugger) and ran nothing; it was found so{how}. Ranks waiting for it in a "
+        "collective missed their heartbeats too"
+    )
 
 
 def _first_failure(seen: Observed, where: str) -> str:

@@ -29,11 +29,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 
 import psutil
 
-__all__ = ["Child", "become_subreaper", "descendants", "kill_all"]
+__all__ = ["STOPPED", "Child", "become_subreaper", "descendants", "kill_all", "stop_descendants", "stopped"]
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -76,6 +76,48 @@ def kill_all(timeout: float = 5.0) -> list[int]:
     psutil.wait_procs(alive, timeout=5.0)
     _reap()
     return [p.pid for p in alive]
+
+
+STOPPED = {psutil.STATUS_STOPPED: "stopped", psutil.STATUS_TRACING_STOP: "tracing-stop"}
+"""Process states in which a process runs nothing, and so cannot act on SIGTERM (SIGSTOP, a
+debugger), with the name nvtrain logs for each."""
+
+
+def stopped(procs: Sequence[psutil.Process]) -> list[tuple[psutil.Process, str]]:
+    """The processes of ``procs`` that are stopped now (``STOPPED``), with their state's name."""
+    found = []
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            state = STOPPED.get(proc.status())
+            if state is not None:
+                found.append((proc, state))
+    return found
+
+
+def stop_descendants(deadline: float, keep: Collection[int] = ()) -> list[int]:
+    """TERM every descendant of this process but those in ``keep`` (and KILL at once those that
+    are stopped: they cannot act on TERM), wait until ``deadline`` (monotonic) for them to end,
+    KILL the rest; returns the pids killed. A process counts as ended once it is a zombie: its
+    parent may be one of ``keep``, frozen. Descendants that appear meanwhile are told too."""
+
+    def others() -> list[psutil.Process]:
+        return [p for p in descendants() if p.pid not in keep]
+
+    told: list[psutil.Process] = []
+    killed: list[int] = []
+    while True:
+        new = [p for p in others() if p not in told and _running(p)]
+        for proc, _ in stopped(new):
+            _signal_all([proc], signal.SIGKILL)
+            killed.append(proc.pid)
+        _signal_all(new, signal.SIGTERM)
+        told += new
+        if not any(_running(p) for p in told) or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    left = [p for p in others() if _running(p)]
+    _signal_all(left, signal.SIGKILL)
+    return killed + [p.pid for p in left if p.pid not in killed]
 
 
 def _reap() -> None:
@@ -187,6 +229,23 @@ class Child:
             code = self.popen.wait()
         kill_all(timeout=1.0)
         return code
+
+    def freeze(self) -> None:
+        """SIGSTOP the child (not its tree): it starts nothing more until it is killed."""
+        self.send(signal.SIGSTOP)
+
+    def stop_frozen(self, deadline: float, keep: Collection[int] = ()) -> int:
+        """Stop the child's work without letting it run again: freeze it (``freeze``), stop
+        every other descendant of this process but its guard and ``keep`` (``stop_descendants``:
+        TERM, ``deadline``, KILL), then KILL the child. Returns the child's exit status. For
+        a child that would start new workers after a TERM it ignored (ft_launcher in the middle
+        of a restart)."""
+        self.freeze()
+        spared = {self.pid, *keep}
+        if self.guard is not None:
+            spared.add(self.guard.pid)
+        stop_descendants(deadline, spared)
+        return self.kill()
 
 
 def _start_guard(pid: int, timeout: float) -> tuple[subprocess.Popen[bytes], int]:

@@ -13,9 +13,20 @@ than a spent budget or NVRx 0.7's "do not restart": that is how the job outlives
 A rendezvous that did not gather its nodes within ``join_timeout`` is not retried here: it ends
 with exit 3.
 
+Escalation (``Watch`` decides it as it reads the failure that makes the count) freezes ft_launcher
+at once with SIGSTOP, from the thread that read the line: ft_launcher ignores a SIGTERM that lands
+between a restart's start and its rendezvous, and would start round after round. Its workers (and
+rank monitors) are then stopped by nvtrain: TERM, ``stop_timeout``, KILL; then ft_launcher is
+killed (``escalate``). A hang reported by a rank monitor, or any restart, makes the supervisor look
+for workers that are stopped (``end_stalled``): such a worker is the one that hung (a peer blocked
+in a collective misses its heartbeats too), it gets SIGKILL, since it cannot act on the SIGTERM
+ft_launcher sends, and the hang is blamed on it (``hang_blamed``); when no process is stopped the
+hang is blamed on one of the node's ranks.
+
 ``Supervisor`` is also the test seam (as torch.elastic tests its agent): a subclass replaces
 ``start_launcher``, ``kill_leftovers`` and ``resolve``, and passes a ``clock`` of its own, to run
-the real loop without processes. ``supervise`` does the rest of ``nvtrain run``: the run's files
+the real loop without processes (``stop_escalated`` and ``end_stalled`` act on a process tree
+only for a real ``process.Child``). ``supervise`` does the rest of ``nvtrain run``: the run's files
 (``rundir``), the metrics endpoint, the events log.
 """
 
@@ -40,7 +51,9 @@ from nvtrain.events import EventLog, EventTail, Reporter
 from nvtrain.events.records import (
     DnsResolved,
     DnsWait,
+    Escalated,
     Event,
+    HangBlamed,
     KilledLeftovers,
     LauncherExit,
     LauncherOutputError,
@@ -57,6 +70,7 @@ from nvtrain.launcher.outcome import Outcome, decide, write_termination_log
 from nvtrain.launcher.plan import LaunchPlan
 from nvtrain.launcher.process import Child, become_subreaper, kill_all
 from nvtrain.launcher.rundir import RunPaths, prepare, remove_state, unwritable_run_dir, write_state
+from nvtrain.launcher.stalls import Stalls
 from nvtrain.launcher.watch import Watch
 from nvtrain.nvrx import NvrxVersion, installed_nvrx
 
@@ -81,6 +95,7 @@ __all__ = [
 ]
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_TRACEBACK = "Traceback (most recent call last):"
 _MAX_TMPDIR = 60
 STOP_GRACE = 5.0
 """Seconds ft_launcher gets beyond ``stop_timeout`` to exit once told to stop."""
@@ -186,9 +201,16 @@ class Supervisor:
             host=str(events.common.get("host", socket.gethostname())),
             clock=clock,
         )
+        self.stalls = Stalls(self.watch.rank_of)
+        """The workers seen stopped (``end_stalled``)."""
         self.launcher: Launcher | None = None
         self.waiting_for_store = False
         self.relaunches = 0
+        self.zygote: Child | None = None
+        """The warm-start server of the running ft_launcher, if any."""
+        self._escalation = threading.Lock()
+        self._escalated = False
+        """``escalate`` has frozen ft_launcher and logged why."""
         self.exit_code: int | None = None
         """The run's exit code once ``run`` has logged it (``launcher_exit``)."""
 
@@ -221,6 +243,46 @@ class Supervisor:
     def resolve(self, name: str) -> list[str]:
         """The addresses of ``name`` now (raises ``OSError`` while it does not resolve)."""
         return dns.resolve(name)
+
+    def _spared(self, launcher: Child) -> set[int]:
+        """ft_launcher, the warm-start server and their guards: not workers."""
+        spared = {launcher.pid}
+        for child in (launcher, self.zygote):
+            if child is not None:
+                spared.add(child.pid)
+                if child.guard is not None:
+                    spared.add(child.guard.pid)
+        return spared
+
+    def stop_escalated(self, launcher: Launcher, deadline: float) -> int:
+        """Stop a frozen ft_launcher's tree (its workers by ``deadline``, then itself); returns
+        its exit status. A launcher that is not a ``Child`` (a test's) is asked to stop."""
+        if isinstance(launcher, Child):
+            return launcher.stop_frozen(deadline, keep=self._spared(launcher))
+        return launcher.stop(deadline)
+
+    def end_stalled(self, launcher: Launcher, *, now: bool) -> list[HangBlamed]:
+        """Look at the workers' process states (``stalls.Stalls``: about once a second, or
+        ``now``); when ``now``, SIGKILL the workers that are stopped and return a
+        ``hang_blamed`` record for each, and for each seen stopped that has ended since. Nothing
+        for a launcher that is not a ``Child`` (a test's: no process tree)."""
+        if not isinstance(launcher, Child):
+            return []
+        spared = self._spared(launcher)
+        if not now:
+            self.stalls.look(spared)
+            return []
+        return [
+            HangBlamed(
+                source="launcher",
+                rank=stalled.rank,
+                local_rank=stalled.local_rank,
+                worker_pid=stalled.pid,
+                state=stalled.state,
+                signal="SIGKILL" if killed else None,
+            )
+            for stalled, killed in self.stalls.take(spared)
+        ]
 
     # -- running --------------------------------------------------------------------------------
 
@@ -330,6 +392,7 @@ class Supervisor:
     def _run_launcher(self) -> int:
         self.watch.launcher_started()
         zygote = self.start_zygote()
+        self.zygote = zygote
         launcher = self.start_launcher()
         self.launcher = launcher
         self.emit(LauncherStarted(launcher_pid=launcher.pid))
@@ -347,6 +410,7 @@ class Supervisor:
             code = self._wait(launcher)
         finally:
             self.launcher = None
+            self.zygote = None
             if zygote is not None:
                 self.stop_zygote(zygote)
             leftovers = self.kill_leftovers()
@@ -364,12 +428,45 @@ class Supervisor:
             if code is not None:
                 return code
             if self.watch.escalated:
-                return launcher.stop(self.clock() + self.plan.stop_timeout)
+                self.escalate()
+                return self.stop_escalated(launcher, self.clock() + self.plan.stop_timeout)
+            self._check_stalls(launcher)
             if self.watch.stopped():
                 if deadline is None:
                     deadline = self.clock() + self.plan.stop_timeout + STOP_GRACE
                 elif self.clock() >= deadline:
                     return launcher.stop(self.clock())
+
+    def escalate(self) -> None:
+        """Once the run escalated: freeze the running ft_launcher (SIGSTOP: it starts no new
+        round; ``stop_escalated`` stops the rest) and log why (``escalated``). Called by the
+        thread that read the failure that escalated, and by the supervisor's loop; acts once."""
+        launcher = self.launcher
+        with self._escalation:
+            if self._escalated:
+                return
+            self._escalated = True
+            if launcher is not None:
+                launcher.send(signal.SIGSTOP)
+        w = self.watch
+        self.emit(Escalated(reason=w.escalated, failures=w.escalated_failures, error=w.escalated_error))
+
+    def _check_stalls(self, launcher: Launcher) -> None:
+        """After a hang report or a restart: end the workers that are stopped, and blame the hang
+        on them; a hang with none stopped is blamed on one of the node's ranks (once an attempt)."""
+        asked, hang = self.watch.take_hang_check()
+        blamed = self.end_stalled(launcher, now=asked)
+        if not asked:
+            return
+        if not hang:  # a restart alone: only a worker still stopped (it was ended here) tells
+            blamed = [b for b in blamed if b.signal]
+        if not blamed and hang and not self.watch.blamed_this_attempt():
+            candidates = self.watch.local_ranks()
+            if candidates:
+                blamed = [HangBlamed(source="launcher", candidates=candidates)]
+        for record in blamed:
+            self.watch.blame(record)
+            self.emit(record)
 
     def _pump(self, lines: Iterable[str], dest: TextIO, sorter: LogSorter, failed: set[str]) -> None:
         """Echo one of ft_launcher's streams to ``dest`` (the launcher's own log lines to the
@@ -377,12 +474,21 @@ class Supervisor:
         Nothing may end this loop early: ft_launcher (and every worker writing to the same
         pipe) blocks once the unread pipe is full, and the job would hang. A failure is
         reported once per kind (``failed``, shared by both streams) and the loop goes on."""
+        stream = "stdout" if dest is self.out else "stderr"
+        held: str | None = None
+        """A traceback's first line, hidden as the launcher's, that may turn out a worker's."""
         for text in lines:
             try:
                 launchers, shown = sorter.sort(text)
             except Exception as exc:  # any: see above
                 self._failed_once(failed, "sorting", exc)
                 launchers, shown = False, True
+            echoed = text
+            if held is not None and not launchers:
+                # A script's traceback that came right after a launcher record it is not part of
+                # (``LogSorter`` tells by its first frame): its first line is shown after all.
+                echoed = held + text
+            held = text if launchers and not shown and text.rstrip("\r\n") == _TRACEBACK else None
             if launchers and self.launcher_log is not None:
                 try:
                     with self._log_lock:
@@ -392,13 +498,15 @@ class Supervisor:
                     self._failed_once(failed, "logging", exc)
             if shown or self.verbose:
                 try:
-                    dest.write(text)
+                    dest.write(text if self.verbose else echoed)
                     dest.flush()
                 except Exception as exc:  # any: see above
                     self._failed_once(failed, "echoing", exc)
             try:
-                for record in self.watch.line(text):
+                for record in self.watch.line(text, stream=stream):
                     self.emit(record)
+                if self.watch.escalated:
+                    self.escalate()
             except Exception as exc:  # any: see above
                 self._failed_once(failed, "reading events from", exc)
 

@@ -14,10 +14,14 @@ Structured sources come first; ft_launcher's log text only says what nothing els
   exception as ``[rank<N>]: ...`` lines): which rank raised first, and what. ft_launcher names
   one failed worker per attempt, the first it found; when its peers fail within the same look
   (a broken collective), that is the lowest local rank, not the one that failed first;
-- the signals that reach ``nvtrain run`` (set by the supervisor).
+- the workers' other tracebacks (``logwatch.PlainTraceback``: an exception raised before
+  ``init_process_group``, printed without a rank): the error of an attempt whose failure repeats;
+- the signals that reach ``nvtrain run`` (set by the supervisor); the hangs it blamed on a
+  worker (``blame``, from the process table).
 
-``Watch`` decides escalation (failures that repeat without progress) and is what
-``outcome.decide`` reads to say how the run ended (``outcome.Observed``).
+``Watch`` decides escalation (failures that repeat without progress, or a failure before the
+first step that repeats with the same error) and is what ``outcome.decide`` reads to say how the
+run ended (``outcome.Observed``).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from nvtrain.events.records import (
     EventsLogError,
     EventsLogResumed,
     FaultInjected,
+    HangBlamed,
     HangDetected,
     LauncherError,
     RendezvousDone,
@@ -52,7 +57,14 @@ from nvtrain.events.records import (
     WorkerStart,
     WorkerStopped,
 )
-from nvtrain.launcher.logwatch import RENDEZVOUS_TIMEOUT, caused_by_peer, read_line, read_raised
+from nvtrain.launcher.ftmain import USAGE_ERROR
+from nvtrain.launcher.logwatch import (
+    RENDEZVOUS_TIMEOUT,
+    PlainTraceback,
+    caused_by_peer,
+    read_line,
+    read_raised,
+)
 from nvtrain.launcher.outcome import seconds
 
 __all__ = ["STARTUP_LIMIT", "Watch"]
@@ -104,12 +116,28 @@ class Watch:
         """The first forwarded signal that reached ``nvtrain run``."""
         self.escalated: str | None = None
         """Why the run is a loop without progress (exit 4), once it is."""
+        self.escalated_failures = 0
+        """Failures counted in a row when it escalated."""
+        self.escalated_error: str | None = None
+        """The script's error when it escalated, if known (the last failure's)."""
+        self.escalated_early = False
+        """It escalated before ``[restart] escalate_after``: a failure before the first step
+        repeated with the same error."""
+        self.blames: list[HangBlamed] = []
+        """Hangs blamed on a worker of this node (or on one of several), first first."""
+        self.hang_check = False
+        """A hang was reported or a restart began since the supervisor last looked for stopped
+        workers (``take_hang_check``)."""
+        self._hang_reported = False
+        """That look was asked for by a hang (not a restart alone)."""
         self.failures: list[WorkerFailed] = []
         """Worker failures on this node, first first (as logged: hang, step, stop, gave up)."""
         self.launcher_error: str | None = None
         """The running (or last) ft_launcher's error message, if it ended with one."""
         self.rendezvous_timeout = False
         """That error was a rendezvous that did not complete within join_timeout."""
+        self.usage_error: str | None = None
+        """ft_launcher refused its own command line (``ftmain``'s one line): nvtrain's exit 2."""
         self.world_nodes: int | None = None
         """Nodes in the last completed rendezvous round, if one completed."""
         self.last_step: int | None = None
@@ -143,6 +171,16 @@ class Watch:
         """Global ranks of this attempt that printed a traceback, first first: the exception."""
         self._attempt_root = False
         """This attempt's first failure was a rank that raised (``_failed``)."""
+        self._plain: dict[str, PlainTraceback] = {}
+        """Tracebacks without a rank being read, per stream."""
+        self._plain_errors: list[str] = []
+        """The errors of this attempt's tracebacks without a rank, first first."""
+        self._last_error: tuple[str, ...] | None = None
+        """The errors of the failure counted last (``_check_progress``; ``_error_of``)."""
+        self._last_exit: tuple[int | None, str | None] = (None, None)
+        """Its exit code and signal."""
+        self._attempt_blamed = False
+        """A hang was blamed since this attempt's workers started."""
 
     @property
     def budget_spent(self) -> bool:
@@ -177,6 +215,7 @@ class Watch:
             self._new_attempt()
             self.launcher_error = None
             self.rendezvous_timeout = False
+            self.usage_error = None
 
     def events_log(self, record: Event) -> None:
         """The events log's own report (a write that failed, or works again)."""
@@ -189,11 +228,22 @@ class Watch:
         self.attempt_started = self.clock()
         self._raised = {}
         self._attempt_root = False
+        self._plain_errors = []
+        self._attempt_blamed = False
 
-    def line(self, text: str) -> list[Event]:
-        """Take one line of ft_launcher's output (in order within its stream); returns the
+    def line(self, text: str, *, stream: str = "") -> list[Event]:
+        """Take one line of ft_launcher's output (in order within its ``stream``); returns the
         records to log, if it says something nvtrain acts on (a worker failure is logged once,
         with what else is known; first the rank that raised before it, when another did)."""
+        if text.startswith(USAGE_ERROR):
+            with self.lock:
+                self.usage_error = text[len(USAGE_ERROR) :].strip()
+            return []
+        plain = self._plain.setdefault(stream, PlainTraceback())
+        error = plain.feed(text)
+        if error is not None:
+            with self.lock:
+                self._plain_errors.append(error)
         raised = read_raised(text)
         if raised is not None:
             with self.lock:
@@ -215,7 +265,9 @@ class Watch:
                 self.world_nodes = record.nodes
             elif isinstance(record, RestartBegin):
                 self._restart_lines += 1
+                self.hang_check = True
             elif isinstance(record, HangDetected):
+                self.hang_check = self._hang_reported = True
                 if record.local_rank is not None:
                     self._hangs.add(record.local_rank)
                 if record.rank is not None:
@@ -295,6 +347,8 @@ class Watch:
             step=self.last_step,
             raised=self._raised.get(rank) if rank is not None else None,
         )
+        if hung:
+            self.hang_check = self._hang_reported = True
         self._hangs.discard(record.local_rank)
         self._hung_ranks.discard(rank)
         root = self._raised_first(failure)
@@ -338,6 +392,10 @@ class Watch:
         counts as progress: the count of failures in a row starts again."""
         rank = _named(failure)
         previous, self._last_rank = self._last_rank, rank
+        key, error = self._error_of(failure)
+        exit = (failure.exit_code, failure.signal)
+        previous_key, self._last_error = self._last_error, key
+        previous_exit, self._last_exit = self._last_exit, exit
         limit = self.policy.restart.escalate_after
         step = failure.step
         if step is None:
@@ -346,22 +404,93 @@ class Watch:
             progressed = ran >= (initial if initial is not None else STARTUP_LIMIT)
             same = previous is not None and previous == rank
             self._same_rank = self._same_rank + 1 if same and not progressed else 1
-            if self._same_rank >= limit:
+            # A peer's fault (a connection refused, a collective that timed out) is not the
+            # script's own, and may clear when the peer is back: counted only.
+            identical = (
+                self._same_rank >= 2
+                and key is not None
+                and key == previous_key
+                and exit == previous_exit
+                and not any(caused_by_peer(e) for e in key)
+            )
+            if identical and self._same_rank < limit:
+                self._escalate(
+                    f"{rank} failed {self._same_rank} times in a row before the first step, each "
+                    f"time with the same error: {error}",
+                    error,
+                    early=True,
+                )
+            elif self._same_rank >= limit:
                 within = (
                     f"[heartbeat] initial_timeout = {seconds(initial)}"
                     if initial is not None
                     else f"{seconds(STARTUP_LIMIT)} ([heartbeat] initial_timeout is not set)"
                 )
-                self.escalated = (
+                self._escalate(
                     f"{rank} failed {self._same_rank} times in a row, "
                     f"each time within {within} of its attempt's start "
-                    "(the workers report no steps; an attempt that runs longer counts as progress)"
+                    "(the workers report no steps; an attempt that runs longer counts as progress)",
+                    error,
                 )
             return
         self._stalled = self._stalled + 1 if step == self._step_at_failure else 1
         self._step_at_failure = step
         if self._stalled >= limit:
-            self.escalated = f"{self._stalled} failures in a row at step {step} (last: {rank})"
+            self._escalate(f"{self._stalled} failures in a row at step {step} (last: {rank})", error)
+
+    def _escalate(self, reason: str, error: str | None, *, early: bool = False) -> None:
+        if self.escalated is not None:
+            return
+        self.escalated_failures = self._same_rank if early or self.last_step is None else self._stalled
+        self.escalated_error = error
+        self.escalated_early = early
+        self.escalated = reason
+
+    def _error_of(self, failure: WorkerFailed) -> tuple[tuple[str, ...] | None, str | None]:
+        """The script's error for ``failure``: (what to compare with the next failure's, the
+        exception's line to show). What its rank raised (torch.distributed's traceback), else the
+        errors of this attempt's tracebacks without a rank (an exception raised before
+        ``init_process_group``), in the order printed; the last one is shown."""
+        if failure.raised is not None:
+            return (failure.raised,), failure.raised
+        if not self._plain_errors:
+            return None, None
+        return tuple(self._plain_errors), self._plain_errors[-1]
+
+    # -- hangs ----------------------------------------------------------------------------------
+
+    def take_hang_check(self) -> tuple[bool, bool]:
+        """(look for stopped workers now, a hang asked for it) once per hang or restart begun."""
+        with self.lock:
+            asked, hang = self.hang_check, self._hang_reported
+            self.hang_check = self._hang_reported = False
+        return asked, hang
+
+    def local_ranks(self) -> tuple[int, ...]:
+        """This node's local ranks: ``[job] nproc_per_node`` of them, or those seen failing or
+        hanging when it is "gpu" or "cpu"."""
+        nproc = self.policy.job.nproc_per_node
+        if isinstance(nproc, int):
+            return tuple(range(nproc))
+        with self.lock:
+            seen = {f.local_rank for f in self.failures if f.local_rank is not None} | self._hangs
+        return tuple(sorted(seen))
+
+    def rank_of(self, pid: int) -> int | None:
+        """The global rank of this node's worker process ``pid``, if it logged its start."""
+        with self.lock:
+            return self._rank_of.get(pid)
+
+    def blame(self, record: HangBlamed) -> None:
+        """Note a hang the supervisor blamed on a worker (or on one of several)."""
+        with self.lock:
+            self.blames.append(record)
+            self._attempt_blamed = True
+
+    def blamed_this_attempt(self) -> bool:
+        """Whether a hang was blamed since this attempt's workers started."""
+        with self.lock:
+            return self._attempt_blamed
 
 
 def _named(failure: WorkerFailed) -> str:

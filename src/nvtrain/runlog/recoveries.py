@@ -21,6 +21,7 @@ from nvtrain.events.records import (
     CheckpointRestored,
     Event,
     FaultInjected,
+    HangBlamed,
     HangDetected,
     LauncherExit,
     Relaunch,
@@ -271,6 +272,16 @@ def _exit_cause(failed: WorkerFailed) -> Cause:
     return "oom" if failed.exit_code == OOM_EXIT else "exit"
 
 
+def _hang_words(blamed: HangBlamed | None) -> str:
+    """A hang in words, with the rank it was blamed on (``hang_blamed``) when one was."""
+    if blamed is None:
+        return "hang"
+    if blamed.candidates:
+        return f"hang (in one of local ranks {', '.join(str(r) for r in blamed.candidates)})"
+    who = f"rank {blamed.rank}" if blamed.rank is not None else f"local rank {blamed.local_rank}"
+    return f"hang ({who}, {blamed.state or 'stopped'})"
+
+
 def _restart_cause(text: str) -> Cause:
     text = text.removeprefix("peer ")
     return _INTERRUPTIONS.get(text.partition(" (")[0], "unknown")
@@ -282,7 +293,8 @@ def _cause(window: Sequence[Event], pods: frozenset[int]) -> tuple[Cause, str]:
     if injected is not None:
         return _INJECTED.get(injected.kind or "", "unknown"), f"{injected.kind or 'fault'} (injected)"
     if any(isinstance(e, HangDetected) for e in window):
-        return "hang", "hang"
+        blamed = next((e for e in window if isinstance(e, HangBlamed)), None)
+        return "hang", _hang_words(blamed)
     # A worker killed by a signal (not one ft_launcher told to stop) is the fault: the in-process
     # restarts of its peers that follow name only what they saw of it (a broken connection).
     # One that raised before it was killed failed by its exception (``_exit_cause``).
