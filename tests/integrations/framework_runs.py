@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_helpers import RunResult, assert_clean_exit, free_port_pair, run_nvtrain, write_policy
+from worker_helpers import RunResult, assert_clean_exit, demo_tables, run_nvtrain, write_policy
 
 BIN = Path(__file__).resolve().parent / "bin"
 LOSS_LINE = re.compile(r"^TRAIN step (\d+) loss (-?\d+\.\d+)$", re.MULTILINE)
@@ -37,30 +37,15 @@ def tables(script: str, checkpoints: Path, out: Path) -> dict[str, dict[str, Any
     """The policy of both runs: short timeouts that hold on a loaded 2-core machine (as the
     demo's fault-matrix runs), workers forked warm (the SIGKILL's replacements restore from the
     host copy)."""
-    return {
-        "job": {
-            "name": "integration",
-            "script": str(BIN / script),
-            "args": ["--steps", str(STEPS), "--out", str(out)],
-            "nproc_per_node": 2,
-            "max_steps": STEPS,
-            "backend": "gloo",
-            "collective_timeout": "4s",
-            "stop_timeout": "10s",
-            "warm_start": True,
-        },
-        "rendezvous": {"nodes": 1, "port": free_port_pair(), "join_timeout": "60s"},
-        "heartbeat": {"initial_timeout": "90s", "timeout": "12s", "monitor_interval": "1s"},
-        "restart": {"escalate_after": 5},
-        "restart.in_process": {
-            "enabled": True,
-            "max_attempts": 5,
-            "soft_timeout": "5s",
-            "hard_timeout": "10s",
-        },
-        "restart.in_job": {"max_restarts": 3},
-        "checkpoint": {"dir": str(checkpoints), "interval": INTERVAL, "async": True, "keep": 2},
-    }
+    # The demo's fault-matrix timeouts (worker_helpers.demo_tables), with the framework script
+    # as the job, warm workers and a smaller in-job budget.
+    t = demo_tables(checkpoints, name="integration", ranks=2, steps=STEPS)
+    del t["job"]["module"]
+    t["job"] |= {"script": str(BIN / script), "args": ["--steps", str(STEPS), "--out", str(out)]}
+    t["job"]["warm_start"] = True
+    t["restart.in_job"] = {"max_restarts": 3}
+    t["checkpoint"]["interval"] = INTERVAL
+    return t
 
 
 def run_pair(tmp_path_factory: pytest.TempPathFactory, script: str) -> dict[str, RunResult]:
