@@ -5,7 +5,7 @@ so a rebuild's cost grows with the log. This writes synthetic logs shaped like a
 a step event per rank every 10 steps, a checkpoint every 200 steps, an in-job restart every 5,000
 steps) and measures, per log: the first build (read the whole log and build), a rebuild after one
 more line (median of --repeat), the peak RSS growth of keeping the events, and the latency of a
-real HTTP scrape of `nvtrain.report.live.serve` once its first build is served (median).
+real HTTP scrape of `nvtrain.live.serve` once its first build is served (median).
 
     python benchmarks/metrics_scrape.py --steps 10000,50000,200000
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from nvtrain.config.schema import Metrics
-from nvtrain.report.live import LiveFigures, serve
+from nvtrain.live import LiveFigures, serve
 
 RANKS = 16
 STEP_S = 0.5

@@ -13,6 +13,7 @@ from typer.testing import CliRunner, Result
 
 from nvtrain.cli import app
 from nvtrain.config import validate_file
+from nvtrain.config.paths import resolve_relative
 from nvtrain.nvrx import NvrxVersion
 
 POLICIES = Path(__file__).resolve().parent.parent / "policies"
@@ -89,7 +90,8 @@ def test_every_problem_is_reported_at_once() -> None:
     result = validate(str(MANY), "--nvrx", "0.4.1")
     assert result.exit_code == 2
     lines = result.stderr.splitlines()
-    assert lines[0] == f"nvtrain: {MANY}: 10 errors, 1 warning"
+    # The relative [checkpoint] dir is an info: resolved where the command started (issue 39).
+    assert lines[0] == f"nvtrain: {MANY}: 9 errors, 1 warning"
     places = [line.strip() for line in lines if line.startswith(f"  {MANY}:")]
     assert places == [
         f'{MANY}:3:1: error [job] name = "Many Problems"',
@@ -98,7 +100,7 @@ def test_every_problem_is_reported_at_once() -> None:
         f"{MANY}:13:1: error [rendezvous] min_nodes = 3",
         f'{MANY}:17:1: error [heartbeat] initial_timeout = "5m"',
         f'{MANY}:21:1: error [restart.in_job] max_restarts = "five"',
-        f'{MANY}:24:1: error [checkpoint] dir = "relative"',
+        f'{MANY}:24:1: info [checkpoint] dir = "relative"',
         f"{MANY}:25:1: error [checkpoint] keep = 1",
         f"{MANY}:26:1: warning [checkpoint] interval = 1000",
         f"{MANY}:29:1: error [[faults]] #1 step = 200",
@@ -144,8 +146,9 @@ def test_json_report_of_an_invalid_file() -> None:
     assert report["source"] == str(MANY)
     assert report["valid"] is False
     assert report["nvrx"] == "0.4.1"
-    assert (report["errors"], report["warnings"]) == (10, 1)
-    expected = validate_file(MANY, nvrx=NvrxVersion.parse("0.4.1")).findings
+    assert (report["errors"], report["warnings"]) == (9, 1)
+    # The library's findings, with the relative [checkpoint] dir resolved as `run` reads it.
+    expected = resolve_relative(validate_file(MANY, nvrx=NvrxVersion.parse("0.4.1")), Path.cwd()).findings
     assert report["findings"] == [f.to_dict() for f in expected]
     assert report["findings"][0] == {
         "severity": "error",

@@ -1,6 +1,6 @@
 """Text from outside (an events log's fields: a run id, a fault's kind, a worker's error, a host
 name; a path; a policy's value) reaches the terminal with its control characters written out
-(``_console.visible``): no escape sequence in it can retitle or clear the terminal."""
+(``render.console.visible``): no escape sequence in it can retitle or clear the terminal."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from nvtrain.cli import _console, app
+from nvtrain.cli import app
+from nvtrain.cli.render import events
+from nvtrain.cli.render.console import visible
 from nvtrain.events.records import Event, from_fields
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,9 +105,9 @@ WORKER_FAILED = {
     ("print_event", "shown"),
     [
         # in pod logs (logfmt): the value quoted as JSON, which escapes its controls
-        (_console._plain_event, 'raised="RuntimeError:\\u001b]0;pwned\\u0007boom\\u001b[2J\\nsecond-line"'),
+        (events._plain_event, 'raised="RuntimeError:\\u001b]0;pwned\\u0007boom\\u001b[2J\\nsecond-line"'),
         # on a terminal: the value with its controls written out
-        (_console._styled_event, "raised=RuntimeError:\\x1b]0;pwned\\x07boom\\x1b[2J\\x0asecond-line"),
+        (events._styled_event, "raised=RuntimeError:\\x1b]0;pwned\\x07boom\\x1b[2J\\x0asecond-line"),
     ],
     ids=["plain", "styled"],
 )
@@ -122,6 +124,6 @@ def test_runs_messages_show_a_workers_error_with_its_controls_made_visible(
 
 
 def test_visible() -> None:
-    assert _console.visible(f"a{TITLE}\tb\n{C1}\x7f") == "a\\x1b]0;pwned\\x07\tb\n\\x9b2J\\x85\\x7f"
-    assert _console.visible("a\tb\nc\r", lines=False) == "a\\x09b\\x0ac\\x0d"
-    assert _console.visible("plain text: é, ü, 日本, →") == "plain text: é, ü, 日本, →"
+    assert visible(f"a{TITLE}\tb\n{C1}\x7f") == "a\\x1b]0;pwned\\x07\tb\n\\x9b2J\\x85\\x7f"
+    assert visible("a\tb\nc\r", lines=False) == "a\\x09b\\x0ac\\x0d"
+    assert visible("plain text: é, ü, 日本, →") == "plain text: é, ü, 日本, →"

@@ -33,7 +33,7 @@ import yaml
 from proc_helpers import NvtrainRunner, make_policy, write_policy
 
 from nvtrain.config.validation import validate_file
-from nvtrain.templates import alerts
+from nvtrain.kube import alerts
 from ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

@@ -212,3 +212,7 @@ def test_sigterm_stops_everything_with_143(nvtrain: NvtrainRunner, tmp_path: Pat
     events = events_of(tmp_path, run_id)
     assert [e["signal"] for e in named(events, "signal")] == ["SIGTERM"]
     assert events[-1]["event"] == "launcher_exit" and events[-1]["exit_code"] == 143
+    # Killed after stop_timeout, still on request: a plain script logs no worker_stopped, but the
+    # job was being stopped. No worker_failed (issue 39).
+    assert named(events, "worker_failed") == [], events
+    assert {e["reason"] for e in named(events, "worker_ended")} <= {"stopped"}, events

@@ -1,9 +1,10 @@
 """Smaller drop-in gaps of ``nvtrain run``, each with a real run (NVRx 0.4.1's ft_launcher):
 the script's ``__file__`` is absolute, as under ``python`` and torchrun; ``--policy FILE
 train.py`` with a FILE of settings only (no ``[job] script``) and a relative ``[checkpoint]
-dir``, resolved where ``nvtrain run`` started; the state folder of an ``nvtrain run`` killed
-with SIGKILL is removed by the next start; a busy port given by ``--master-port`` is named by
-that flag.
+dir``, resolved where ``nvtrain run`` started; off a pod, a policy without ``[checkpoint] dir``
+keeps its checkpoints in the run's folder under ``$TMPDIR``; the state folder of an ``nvtrain
+run`` killed with SIGKILL is removed by the next start; a busy port given by ``--master-port``
+is named by that flag.
 
 The command lines (``--dry-run``): tests/cli/test_run_off_kubernetes.py.
 """
@@ -45,6 +46,28 @@ def test_file_is_absolute_and_a_settings_policy_with_a_relative_checkpoint_dir(
     assert f"cwd={tmp_path}" in run.stdout, run.describe()
     events = read_events(tmp_path / "ckpt" / "low-1")  # [checkpoint] dir = "ckpt", resolved
     assert [e["exit_code"] for e in events if e["event"] == "launcher_exit"] == [0], events
+
+
+def test_off_a_pod_the_default_checkpoints_go_to_the_run_folder(
+    nvtrain: NvtrainRunner, tmp_path: Path
+) -> None:
+    """A policy without ``[checkpoint] dir``, off a pod: the run's folder is
+    ``$TMPDIR/nvtrain/<run id>/``, and the worker library's checkpoints are in it, beside the
+    events log, not in ``/checkpoints`` at the filesystem's root."""
+    policy = tmp_path / "mini.toml"
+    policy.write_text(
+        '[job]\nname = "mini"\nmodule = "nvtrain.demo"\nbackend = "gloo"\n'
+        'args = ["--steps", "4", "--step-time", "0", "--log-every", "4"]\n[checkpoint]\ninterval = 2\n',
+        encoding="utf-8",
+    )
+    run = nvtrain.start("--run-id", "mini-1", str(policy))
+    assert run.wait(timeout=120) == 0, run.describe()
+    run_dir = nvtrain.tmpdir.resolve() / "nvtrain" / "mini-1"
+    found = sorted(p.name for p in run_dir.iterdir())
+    assert found == ["events-node0.jsonl", "launcher-node0.log", "step-000002", "step-000004"], found
+    assert (run_dir / "step-000004" / "COMMITTED").is_file()
+    events = read_events(run_dir)
+    assert [e["step"] for e in events if e["event"] == "checkpoint_committed"] == [2, 4], events
 
 
 def _state_folders(tmpdir: Path) -> list[Path]:

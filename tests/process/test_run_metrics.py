@@ -117,6 +117,9 @@ def test_the_metrics_contract_holds_on_a_real_run(nvtrain: NvtrainRunner, tmp_pa
 
     first, last = scrapes[0], scrapes[-1]
     assert value(first, "nvtrain_run_info", node_rank="0") == 1.0, sorted(first.samples)
+    # A clean run: no update of the figures failed, and nvtrain run said none did.
+    assert value(last, "nvtrain_metrics_errors_total", node_rank="0") == 0.0, sorted(last.samples)
+    assert "metrics: updating" not in run.stderr, run.describe()
     labels = {name for got in scrapes for _, pairs in got.samples for name, _ in pairs}
     assert "node" not in labels, labels  # Kubernetes service discovery's
     causes = {v for got in scrapes for _, pairs in got.samples for name, v in pairs if name == "cause"}

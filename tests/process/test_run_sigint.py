@@ -41,3 +41,6 @@ def test_sigint_reaches_the_workers_as_sigint(nvtrain: NvtrainRunner, tmp_path: 
     assert [e["signal"] for e in events if e["event"] == "signal"] == ["SIGINT"]
     assert events[-1]["event"] == "launcher_exit" and events[-1]["exit_code"] == 130
     assert "stopped by SIGINT" in events[-1]["cause"]
+    # The workers ended on request: no worker_failed (issue 39); any seen exiting is a worker_ended.
+    assert [e for e in events if e["event"] == "worker_failed"] == [], events
+    assert {e["reason"] for e in events if e["event"] == "worker_ended"} <= {"stopped"}, events

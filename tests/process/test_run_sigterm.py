@@ -56,5 +56,11 @@ def test_sigterm_stops_the_job_without_a_traceback(nvtrain: NvtrainRunner, tmp_p
     events = read_events(run_dir)
     assert [e["signal"] for e in events if e["event"] == "signal"] == ["SIGTERM"]
     assert events[-1]["event"] == "launcher_exit" and events[-1]["exit_code"] == 143
+    # A stop asked for is no failure (issue 39): the workers logged worker_stopped, and the one
+    # ft_launcher saw exit with 143 is a worker_ended, not a worker_failed.
+    stopped = {e["pid"] for e in events if e["event"] == "worker_stopped"}
+    ended = [e for e in events if e["event"] == "worker_ended"]
+    assert [e for e in events if e["event"] == "worker_failed"] == [], events
+    assert ended and all(e["reason"] == "stopped" and e["worker_pid"] in stopped for e in ended), events
     # What was not shown is kept: ft_launcher's own log has every line it wrote.
     assert "SignalException" in (run_dir / "launcher-node0.log").read_text(encoding="utf-8")

@@ -171,7 +171,7 @@ def test_a_failed_save_is_dropped_reported_and_the_next_one_commits(
     code: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import nvtrain.worker.checkpoint as checkpoint
+    import nvtrain.worker.checkpoint.staging as checkpoint
     from nvtrain.worker import committed_steps
 
     monkeypatch.setattr(checkpoint, "_IN_MEMORY", {})  # no staged copies of other tests' saves
@@ -215,7 +215,7 @@ def test_a_failed_save_is_dropped_reported_and_the_next_one_commits(
 def test_restore_from_a_read_only_volume_skips_what_it_cannot_move_aside(
     tmp_path: Path, mount: Mount, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import nvtrain.worker.checkpoint as checkpoint
+    import nvtrain.worker.checkpoint.staging as checkpoint
 
     monkeypatch.setattr(checkpoint, "_IN_MEMORY", {})
     volume = mount("2m")

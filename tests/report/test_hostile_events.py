@@ -23,8 +23,8 @@ import nvtrain
 from nvtrain.cli import app
 from nvtrain.events import MAX_NUMBER, EventTail, read_events
 from nvtrain.events.records import OtherEvent, from_fields
+from nvtrain.live import LiveFigures, figures
 from nvtrain.report import build_report, read_report, report_dict, write_timeline
-from nvtrain.report.live import LiveFigures, figures
 from nvtrain.tuning.measured import measure_events, read_measured
 
 runner = CliRunner()

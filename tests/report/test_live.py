@@ -20,8 +20,7 @@ from nvtrain.config.schema import Metrics
 from nvtrain.events import read_events
 from nvtrain.events.records import Event, MetricsLinger
 from nvtrain.launcher.supervisor import linger, lingers
-from nvtrain.report import build_report, read_report
-from nvtrain.report.live import (
+from nvtrain.live import (
     BUILD_SHARE,
     LAYERS,
     Family,
@@ -31,7 +30,8 @@ from nvtrain.report.live import (
     figures,
     serve,
 )
-from nvtrain.report.pod_figures import POD_FAMILIES
+from nvtrain.live.pod import POD_FAMILIES
+from nvtrain.report import build_report, read_report
 from nvtrain.runlog import CAUSES
 from ports import free_port
 
@@ -282,32 +282,6 @@ def test_an_ipv6_pod_serves_on_every_ipv6_address(tmp_path: Path) -> None:
         server.close()
 
 
-def test_an_unreadable_log_does_not_stop_the_updates(tmp_path: Path) -> None:
-    """The log is briefly not a readable file (shared storage hiccup): the figures catch up after."""
-    path = tmp_path / "events.jsonl"
-    path.mkdir()  # reading it fails (IsADirectoryError)
-    server = serve(
-        Metrics(enabled=True, port=free_port(), refresh=0.1),
-        path,
-        run_id="r",
-        node_rank=0,
-        address="127.0.0.1",
-    )
-    try:
-        time.sleep(0.5)  # a few failed updates
-        path.rmdir()
-        _write(path, two_recoveries().events)
-        deadline = time.monotonic() + 20
-        text = ""
-        while "nvtrain_step{" not in text and time.monotonic() < deadline:
-            time.sleep(0.1)
-            with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as reply:
-                text = reply.read().decode()
-    finally:
-        server.close()
-    assert 'nvtrain_step{run_id="r"} 60.0' in text
-
-
 @pytest.mark.parametrize("source", [*REAL_LOGS, "two_recoveries"], ids=lambda s: getattr(s, "name", s))
 def test_counters_never_go_down_as_a_log_grows(source: Path | str) -> None:
     """Each real log read one more line at a time, as the live figures read a growing log: no
@@ -459,6 +433,7 @@ def test_the_contract_table_lists_every_metric_with_its_type() -> None:
         for f in figures(report, now=1100.0)
     }
     served["nvtrain_run_info"] = ("gauge", ("node_rank", "run_id"))  # serve() adds it
-    for name, (kind, _) in POD_FAMILIES.items():  # every pod's own (pod_figures)
+    served["nvtrain_metrics_errors_total"] = ("counter", ("node_rank",))  # and this (live/errors.py)
+    for name, (kind, _) in POD_FAMILIES.items():  # every pod's own (live/pod.py)
         served[f"nvtrain_{name}" + ("_total" if kind == "counter" else "")] = (kind, ("node_rank",))
     assert served == documented

@@ -18,9 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from report_logs import Log, two_recoveries
 
 from nvtrain.config.schema import Metrics
+from nvtrain.live import Family, LiveFigures, figures, initial_counters, serve
+from nvtrain.live.pod import POD_FAMILIES, PodFigures
 from nvtrain.report import build_report
-from nvtrain.report.live import Family, LiveFigures, figures, initial_counters, serve
-from nvtrain.report.pod_figures import POD_FAMILIES, PodFigures
 from nvtrain.runlog import pod_events_file
 from ports import free_port
 
@@ -93,8 +93,10 @@ def test_only_node_0_serves_the_job_figures(tmp_path: Path) -> None:
         "nvtrain_pod_step",
         "nvtrain_pod_last_step_timestamp_seconds",
         "nvtrain_pod_last_event_timestamp_seconds",
+        "nvtrain_metrics_errors_total",
     }
     own = (("node_rank", "1"), ("run_id", "r"))
+    assert pod[("nvtrain_metrics_errors_total", own)] == 0.0
     assert pod[("nvtrain_pod_launcher_starts_total", own)] == 2.0
     assert pod[("nvtrain_pod_worker_failures_total", own)] == 1.0
     assert pod[("nvtrain_pod_step", own)] == 13.0

@@ -232,6 +232,33 @@ def test_a_pod_restarted_by_kubernetes() -> None:
     assert r.exit_code == 0 and r.nodes == 1
 
 
+@pytest.mark.parametrize(
+    "stopped",
+    [
+        ("worker_ended", {"reason": "stopped"}),
+        ("worker_failed", {"stopped": True}),  # as logs before worker_ended wrote it
+    ],
+    ids=["worker_ended", "old-worker_failed"],
+)
+def test_workers_told_to_stop_are_no_fault(stopped: tuple[str, dict[str, object]]) -> None:
+    """The pod is stopped and replaced: its workers end on request (exit 143). The incident is
+    the stop, and a peer that ft_launcher stopped late, after the recovery's first step, starts
+    no incident of its own."""
+    name, fields = stopped
+    log = first_stretch(Log())
+    log.at(29, "signal", node=0, signal="SIGTERM")
+    log.at(29.5, name, source="launcher", node=0, local_rank=0, worker_pid=1, exit_code=143, **fields)
+    log.at(31, "launcher_exit", node=0, exit_code=143, cause="stopped by SIGTERM")
+    log.at(60, "launcher_start", node=0, source="launcher")
+    log.step(73, 21, first=True, pid=5).step(82, 30, pid=5)
+    ended = {"exit_code": -15, "signal": "SIGTERM", **fields}
+    log.at(82.5, name, source="launcher", node=0, local_rank=1, worker_pid=6, **ended)
+    log.step(83, 31, pid=5)
+    log.at(85, "launcher_exit", node=0, exit_code=0)
+    (incident,) = report_of(log).incidents
+    assert (incident.cause, incident.cause_kind, incident.layer) == ("SIGTERM", "stop", "pod")
+
+
 def test_a_restart_without_a_logged_fault_has_no_detection_phase() -> None:
     log = first_stretch(Log())
     log.at(30, "restart_begin", layer="in_process", pid=1, iteration=0)

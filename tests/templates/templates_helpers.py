@@ -13,7 +13,7 @@ from crd_schemas import SCHEMAS, crd_errors
 from kubernetes_validate import utils as kv
 
 from nvtrain.config import Policy, validate_source
-from nvtrain.templates.init import starter_text
+from nvtrain.kube.init import starter_text
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 

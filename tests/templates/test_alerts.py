@@ -1,6 +1,6 @@
 """``nvtrain manifest --monitoring-rules``: the Prometheus alerts and the Grafana dashboard.
 
-Every PromQL expression reads only series that nvtrain serves (taken from ``report/live.py``,
+Every PromQL expression reads only series that nvtrain serves (taken from ``live/figures.py``,
 where the figures are made, not from a list kept here), with labels it serves. With Prometheus'
 ``promtool`` installed (Debian: ``apt-get install prometheus``) the rules and the dashboard's
 expressions are parsed by it, and the stall alert is run on synthetic series (``promtool test
@@ -25,9 +25,11 @@ from templates_helpers import KUBERNETES_VERSIONS, MINIMAL, by_kind, load_all, o
 from typer.testing import CliRunner
 
 from nvtrain.cli import app
-from nvtrain.report.pod_figures import POD_FAMILIES
-from nvtrain.templates import alerts
-from nvtrain.templates.manifest import ManifestOptions, dump, render
+from nvtrain.kube import alerts
+from nvtrain.kube.manifest import render
+from nvtrain.kube.options import ManifestOptions
+from nvtrain.kube.yaml_io import dump
+from nvtrain.live.pod import POD_FAMILIES
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMTOOL = shutil.which("promtool")
@@ -50,10 +52,10 @@ TARGET_LABELS = {"namespace", "pod", "run_id", "le"}
 
 
 def served() -> tuple[set[str], set[str]]:
-    """(series names, label names) that ``nvtrain.report.live`` serves: each ``add(name, kind,
+    """(series names, label names) that ``nvtrain.live`` serves: each ``add(name, kind,
     ...)`` of ``figures`` with the suffixes its kind gets, the ``nvtrain_run`` info, and the
     pods' own figures."""
-    tree = ast.parse((ROOT / "src" / "nvtrain" / "report" / "live.py").read_text(encoding="utf-8"))
+    tree = ast.parse((ROOT / "src" / "nvtrain" / "live" / "figures.py").read_text(encoding="utf-8"))
     names = {"nvtrain_run_info"}
     labels: set[str] = set()
     suffixes = {"gauge": [""], "counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
@@ -64,7 +66,7 @@ def served() -> tuple[set[str], set[str]]:
         if isinstance(node, ast.Dict):  # the label sets: {"cause": cause}, {"layer": ..., "phase": ...}
             labels |= {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
     assert len(names) > 20, names  # the parse found the figures
-    for name, (kind, _) in POD_FAMILIES.items():  # every pod's own (nvtrain.report.pod_figures)
+    for name, (kind, _) in POD_FAMILIES.items():  # every pod's own (nvtrain.live.pod)
         names |= {f"nvtrain_{name}{s}" for s in suffixes[kind]}
     return names, labels | {"node_rank"}
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from templates_helpers import CONTROL, MINIMAL, by_kind, load_all, starter_two_nodes, with_control_store
 from typer.testing import CliRunner
 
 from nvtrain.cli import app
-from nvtrain.templates.manifest import ManifestOptions, dump, notes, render
+from nvtrain.kube.manifest import render
+from nvtrain.kube.options import ManifestOptions
+from nvtrain.kube.sizing import notes
+from nvtrain.kube.yaml_io import dump
 
 runner = CliRunner()
 
@@ -176,3 +180,173 @@ def test_state_per_rank_sizes_the_host_copies_and_notes_when_it_is_missing(tmp_p
         "nvtrain: note: --state-per-rank changes nothing: the policy keeps no host copy of the "
         "checkpoint ([checkpoint] async = false)\n"
     )
+
+
+# -- the options, declared once in ManifestOptions ----------------------------------------------
+
+SURFACE = (
+    "--image --nvrx -o/--output --gpus --efa --resource --rdma-resource --cpu --memory --qos "
+    "--shm-size --state-per-rank --checkpoint-pvc --env --node-selector --label --annotation "
+    "--toleration --priority-class --scheduler-name --queue --service-account --pod-security "
+    "--run-as-user --ttl --pod-monitor --metrics-from --backoff-limit --kubernetes --jobset "
+    "--owner-script --monitoring-rules --trainer-runtime --secret-env --volume --init-container "
+    "--affinity --exclusive-topology --required-topology --preferred-topology"
+).split()
+"""The options of `nvtrain manifest`, in the order --help lists them: a frozen surface."""
+
+
+def test_the_command_surface_is_the_fields_of_manifest_options() -> None:
+    import typer
+
+    from nvtrain.cli import manifest as cli_manifest
+    from nvtrain.kube.options import flag_of
+
+    command = typer.main.get_command(app).commands["manifest"]  # type: ignore[attr-defined]
+    options = [p for p in command.params if p.param_type_name == "option" and p.name != "help"]
+    assert ["/".join(sorted(p.opts, key=len)) for p in options] == SURFACE
+    own = {"output", "owner_script"}
+    fields = dataclasses.fields(ManifestOptions)
+    assert [p.name for p in options if p.name not in own] == [f.name for f in fields]
+    for param, field in zip((p for p in options if p.name not in own), fields, strict=True):
+        flag = flag_of(field)
+        assert (param.opts, param.help) == ([flag.name], flag.help)
+        assert param.multiple is (flag.parse in ("pairs", "counts", "list", "yaml-list"))
+    assert cli_manifest.command.__doc__ is not None
+
+
+def test_from_flags_turns_each_kind_of_value(tmp_path: Path) -> None:
+    init = tmp_path / "init.yaml"
+    init.write_text("- {name: a, image: x}\n- {name: b, image: y}\n", encoding="utf-8")
+    affinity = tmp_path / "affinity.yaml"
+    affinity.write_text("nodeAffinity: {}\n", encoding="utf-8")
+    from nvtrain.kube.yaml_io import read_yaml_option
+
+    options = ManifestOptions.from_flags(
+        {
+            "image": "train:1",
+            "efa": 2,
+            "resources": ["rdma/ib=1"],
+            "labels": ["team=ml", "tier="],
+            "tolerations": ["k=v:NoSchedule"],
+            "volumes": None,
+            "init_containers": [init],
+            "affinity": affinity,
+        },
+        read_yaml_option,
+    )
+    assert options == ManifestOptions(
+        image="train:1",
+        efa=2,
+        resources={"rdma/ib": 1},
+        labels={"team": "ml", "tier": ""},
+        tolerations=("k=v:NoSchedule",),
+        init_containers=({"name": "a", "image": "x"}, {"name": "b", "image": "y"}),
+        affinity={"nodeAffinity": {}},
+    )
+    assert ManifestOptions.from_flags({}, read_yaml_option) == ManifestOptions()
+
+
+def test_a_flag_value_that_cannot_be_turned_names_the_flag(tmp_path: Path) -> None:
+    path = tmp_path / "policy.toml"
+    path.write_text(MINIMAL, encoding="utf-8")
+    for args, message in (
+        (["--resource", "rdma/ib=one"], "--resource rdma/ib='one': the count is not a whole number"),
+        (["--node-selector", "zone"], "--node-selector 'zone' is not KEY=VALUE"),
+        (["--affinity", str(tmp_path / "missing.yaml")], "--affinity"),
+    ):
+        result = runner.invoke(app, ["manifest", str(path), *args])
+        assert result.exit_code == 2, result.output
+        assert message in result.stderr
+        assert "Traceback" not in result.output
+
+
+def test_every_flag_reaches_its_field(tmp_path: Path) -> None:
+    """Each option of the command sets the field it is declared on: the command with every flag
+    (in two runs: some exclude others) prints what the library renders from the same options
+    given by field."""
+    from templates_helpers import policy_of
+
+    text = 'name = "llm-workers-0"\n'.join(MINIMAL.split('name = "llm-train"\n'))
+    text += 'nproc_per_node = 2\nbackend = "nccl"\n[metrics]\nenabled = true\n'
+    policy = write(tmp_path, text)
+    init = tmp_path / "init.yaml"
+    init.write_text("name: stage\nimage: busybox\n", encoding="utf-8")
+    affinity = tmp_path / "affinity.yaml"
+    affinity.write_text("podAntiAffinity: {}\n", encoding="utf-8")
+    runs = [
+        (
+            [
+                *("--image", "train:2", "--gpus", "2", "--efa", "1", "--resource", "example.com/fpga=1"),
+                *("--rdma-resource", "example.com/ib=1", "--cpu", "8", "--memory", "64Gi"),
+                *("--qos", "guaranteed", "--shm-size", "8Gi", "--state-per-rank", "1Gi"),
+                *("--checkpoint-pvc", "ckpt", "--env", "A=1", "--node-selector", "pool=gpu"),
+                *("--label", "team=ml", "--annotation", "note=x", "--toleration", "dedicated=ml:NoSchedule"),
+                *("--priority-class", "high", "--queue", "q", "--scheduler-name", "custom"),
+                *("--service-account", "trainer", "--run-as-user", "1001", "--ttl", "600"),
+                *("--pod-monitor", "--metrics-from", "monitoring", "--backoff-limit", "3"),
+                *("--kubernetes", "1.33", "--jobset", "--monitoring-rules", "--secret-env", "hub"),
+                *(
+                    "--volume",
+                    "pvc:data:/data:ro",
+                    "--init-container",
+                    str(init),
+                    "--affinity",
+                    str(affinity),
+                ),
+                *("--exclusive-topology", "rack", "--required-topology", "block", "--nvrx", "0.4.1"),
+            ],
+            ManifestOptions(
+                image="train:2",
+                nvrx_version="0.4.1",
+                gpus_per_node=2,
+                efa=1,
+                resources={"example.com/fpga": 1},
+                rdma_resources={"example.com/ib": 1},
+                cpu="8",
+                memory="64Gi",
+                qos="guaranteed",
+                shm_size="8Gi",
+                state_per_rank="1Gi",
+                checkpoint_pvc="ckpt",
+                env={"A": "1"},
+                node_selector={"pool": "gpu"},
+                labels={"team": "ml"},
+                annotations={"note": "x"},
+                tolerations=("dedicated=ml:NoSchedule",),
+                priority_class="high",
+                scheduler_name="custom",
+                queue="q",
+                service_account="trainer",
+                run_as_user=1001,
+                ttl=600,
+                pod_monitor=True,
+                metrics_from="monitoring",
+                backoff_limit=3,
+                kubernetes="1.33",
+                jobset=True,
+                monitoring_rules=True,
+                secret_env=("hub",),
+                volumes=("pvc:data:/data:ro",),
+                init_containers=({"name": "stage", "image": "busybox"},),
+                affinity={"podAntiAffinity": {}},
+                exclusive_topology="rack",
+                required_topology="block",
+            ),
+        ),
+        (
+            ["--pod-security", "restricted", "--trainer-runtime", "cluster", "--preferred-topology", "rack"],
+            ManifestOptions(pod_security="restricted", trainer_runtime="cluster", preferred_topology="rack"),
+        ),
+    ]
+    given: set[str] = set()
+    for args, options in runs:
+        result = runner.invoke(app, ["manifest", str(policy), *args])
+        assert result.exit_code == 0, result.output
+        assert result.stdout == dump(render(policy_of(text), text, options))
+        default = ManifestOptions()
+        given |= {
+            f.name
+            for f in dataclasses.fields(options)
+            if getattr(options, f.name) != getattr(default, f.name)
+        }
+    assert given == {f.name for f in dataclasses.fields(ManifestOptions)}

@@ -11,7 +11,8 @@ import pytest
 from crd_schemas import CRDS, PINNED, SCHEMAS, crd_file, crd_schema
 from templates_helpers import policy_of, set_keys, starter_named, with_control_store
 
-from nvtrain.templates.manifest import ManifestOptions, render
+from nvtrain.kube.manifest import render
+from nvtrain.kube.options import ManifestOptions
 
 BUILT_IN = {"ConfigMap", "Service", "NetworkPolicy", "Job"}
 

@@ -13,7 +13,8 @@ from typer.testing import CliRunner, Result
 
 from nvtrain.cli import app
 from nvtrain.errors import ConfigError, UsageError
-from nvtrain.templates.manifest import ManifestOptions, manifest_from_file, render
+from nvtrain.kube.manifest import manifest_from_file, render
+from nvtrain.kube.options import ManifestOptions
 
 runner = CliRunner()
 CONFIGMAP_LIMIT = 1024 * 1024  # Kubernetes: the data of a ConfigMap is at most 1 MiB

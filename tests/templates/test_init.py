@@ -16,12 +16,12 @@ from typer.testing import CliRunner
 from nvtrain.cli import app
 from nvtrain.config import Policy, validate_source
 from nvtrain.errors import UsageError
+from nvtrain.kube import manifest, objects
+from nvtrain.kube.init import STARTER_FILES, init_project, starter_policy, starter_text
 from nvtrain.nvrx import TESTED, NvrxVersion
-from nvtrain.templates import manifest
-from nvtrain.templates.init import STARTER_FILES, init_project, starter_policy, starter_text
 
-STARTER = Path(__file__).resolve().parents[2] / "src" / "nvtrain" / "templates" / "starter"
-REGENERATE = "regenerate it with `python -m nvtrain.templates.init`"
+STARTER = Path(__file__).resolve().parents[2] / "src" / "nvtrain" / "kube" / "starter"
+REGENERATE = "regenerate it with `python -m nvtrain.kube.init`"
 
 runner = CliRunner()
 
@@ -55,7 +55,7 @@ def schema_keys(model: type[BaseModel], prefix: str = "") -> dict[str, list[str]
 
 def test_starter_policy_file_is_generated_from_the_schema() -> None:
     assert (STARTER / "policy.toml").read_text(encoding="utf-8") == starter_policy(), (
-        f"src/nvtrain/templates/starter/policy.toml differs from the schema's docstrings: {REGENERATE}"
+        f"src/nvtrain/kube/starter/policy.toml differs from the schema's docstrings: {REGENERATE}"
     )
 
 
@@ -129,7 +129,7 @@ def test_dockerfile_installs_nvtrain_and_a_tested_nvrx_and_runs_the_manifests_co
     assert nvrx and NvrxVersion.parse(nvrx.group(1)).line in TESTED
     assert '"nvidia-resiliency-ext==${NVRX_VERSION}"' in text and '"${NVTRAIN}"' in text
     assert "COPY train.py ./" in text
-    cmd = f'CMD ["nvtrain", "run", "{manifest.POLICY_MOUNT}/{manifest.POLICY_FILE}"]'
+    cmd = f'CMD ["nvtrain", "run", "{objects.POLICY_MOUNT}/{objects.POLICY_FILE}"]'
     assert cmd in lines
 
 

@@ -20,7 +20,9 @@ from templates_helpers import (
     schema_errors,
 )
 
-from nvtrain.templates.manifest import ManifestOptions, dump, render
+from nvtrain.kube.manifest import render
+from nvtrain.kube.options import ManifestOptions
+from nvtrain.kube.yaml_io import dump
 
 NASTY = [
     'it\'s "quoted"',

@@ -1,4 +1,4 @@
-"""``nvtrain.templates.manifest``: what each object holds, that it comes from the policy, golden
+"""``nvtrain.kube.manifest``: what each object holds, that it comes from the policy, golden
 files, and the Kubernetes OpenAPI schemas (1.28 and the newest that kubernetes-validate ships)."""
 
 from __future__ import annotations
@@ -29,23 +29,20 @@ from templates_helpers import (
 )
 
 from nvtrain.errors import UsageError
-from nvtrain.launcher.dns import control_name
-from nvtrain.templates.init import starter_text
-from nvtrain.templates.manifest import (
-    CONTAINER,
-    CONTROL_RESOURCES,
-    GRACE_MARGIN,
-    ManifestOptions,
-    dump,
-    grace_period,
+from nvtrain.kube.init import starter_text
+from nvtrain.kube.manifest import render
+from nvtrain.kube.objects import CONTAINER, CONTROL_RESOURCES, GRACE_MARGIN, grace_period
+from nvtrain.kube.options import ManifestOptions
+from nvtrain.kube.sizing import (
     host_copies_per_rank,
     host_copy_bytes,
     keeps_host_copy,
     notes,
     ranks_per_pod,
-    render,
     sends_peer_copy,
 )
+from nvtrain.kube.yaml_io import dump
+from nvtrain.kubenames import control_name
 
 P5 = ManifestOptions(
     image="registry.example.com/ml/llm-train@sha256:" + "0" * 64,

@@ -1,5 +1,5 @@
 """``nvtrain validate --manifest``: a rendered manifest checked against the policy and the timings
-(``nvtrain.templates.manifest_checks``), through the command and real files."""
+(``nvtrain.kube.manifest_checks``), through the command and real files."""
 
 from __future__ import annotations
 
@@ -16,8 +16,12 @@ from templates_helpers import CONTROL, MINIMAL, policy_of, set_keys, starter_nam
 from typer.testing import CliRunner, Result
 
 from nvtrain.cli import app
-from nvtrain.templates.manifest import ManifestOptions, dump, grace_period, render
-from nvtrain.templates.manifest_checks import check_manifest, yaml_path
+from nvtrain.kube.manifest import render
+from nvtrain.kube.manifest_checks import check_manifest
+from nvtrain.kube.objects import grace_period
+from nvtrain.kube.options import ManifestOptions
+from nvtrain.kube.yaml_io import dump
+from nvtrain.kube.yaml_positions import yaml_path
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = set_keys(starter_named("llm-train"), {("rendezvous", "nodes"): "4", ("job", "stop_timeout"): '"2m"'})
@@ -321,9 +325,12 @@ def test_yaml_paths_are_written_as_in_kubectl_explain() -> None:
 
 def test_every_manifest_finding_code_is_in_the_rule_tables() -> None:
     """Like tests/unit/test_docs.py for config/: every code built here is in docs/policy.md."""
-    module = ROOT / "src" / "nvtrain" / "templates" / "manifest_checks.py"
+    kube = ROOT / "src" / "nvtrain" / "kube"
+    parts = ("manifest_checks", "manifest_checker", "control_checks", "workload_checks", "yaml_positions")
+    modules = [kube / f"{name}.py" for name in parts]
     codes = {
         node.args[1].value
+        for module in modules
         for node in ast.walk(ast.parse(module.read_text(encoding="utf-8")))
         if isinstance(node, ast.Call)
         and len(node.args) >= 2

@@ -15,9 +15,10 @@ from templates_helpers import set_keys, starter_named, starter_two_nodes
 from typer.testing import CliRunner, Result
 
 from nvtrain.cli import app
-from nvtrain.templates.init import starter_nvrx_version, starter_text
-from nvtrain.templates.manifest import ManifestOptions, render
-from nvtrain.templates.nvrx_pin import NVRX_ANNOTATION
+from nvtrain.kube.init import starter_nvrx_version, starter_text
+from nvtrain.kube.manifest import render
+from nvtrain.kube.nvrx_pin import NVRX_ANNOTATION
+from nvtrain.kube.options import ManifestOptions
 
 runner = CliRunner()
 

@@ -32,11 +32,15 @@ from typer.testing import CliRunner
 
 from nvtrain.cli import app
 from nvtrain.errors import UsageError
-from nvtrain.launcher.dns import control_name
-from nvtrain.templates import podsecurity, qos, scheduling
-from nvtrain.templates.init import starter_text
-from nvtrain.templates.manifest import CONTROL_RESOURCES, ManifestOptions, dump, notes, render
-from nvtrain.templates.quantity import parse_quantity
+from nvtrain.kube import podsecurity, qos, scheduling
+from nvtrain.kube.init import starter_text
+from nvtrain.kube.manifest import render
+from nvtrain.kube.objects import CONTROL_RESOURCES
+from nvtrain.kube.options import ManifestOptions
+from nvtrain.kube.quantity import parse_quantity
+from nvtrain.kube.sizing import notes
+from nvtrain.kube.yaml_io import dump
+from nvtrain.kubenames import control_name
 
 runner = CliRunner()
 

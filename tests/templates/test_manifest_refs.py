@@ -1,5 +1,5 @@
 """``nvtrain validate --manifest`` checks every reference the pods depend on
-(``nvtrain.templates.manifest_refs``), and the rendering rules of issue 40's medium findings:
+(``nvtrain.kube.manifest_refs``), and the rendering rules of issue 40's medium findings:
 ``--resource`` against ``--gpus`` and RDMA, backoff that grows with the pods, JobSet names that
 the JobSet webhook accepts.
 
@@ -31,9 +31,10 @@ from typer.testing import CliRunner
 from nvtrain.cli import app
 from nvtrain.errors import UsageError
 from nvtrain.findings import Finding
-from nvtrain.templates import podsecurity
-from nvtrain.templates.manifest import ManifestOptions, render
-from nvtrain.templates.manifest_checks import check_manifest
+from nvtrain.kube import podsecurity
+from nvtrain.kube.manifest import render
+from nvtrain.kube.manifest_checks import check_manifest
+from nvtrain.kube.options import ManifestOptions
 
 POLICY = set_keys(starter_named("llm-train"), {("rendezvous", "nodes"): "4"})
 JOBSET_POLICY = starter_named("llm-workers-0")

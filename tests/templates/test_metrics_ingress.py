@@ -13,9 +13,11 @@ from typer.testing import CliRunner
 
 from nvtrain.cli import app
 from nvtrain.errors import UsageError
-from nvtrain.templates.manifest import ManifestOptions, dump, render
-from nvtrain.templates.manifest_checks import check_manifest
-from nvtrain.templates.monitoring import NAMESPACE_LABEL
+from nvtrain.kube.manifest import render
+from nvtrain.kube.manifest_checks import check_manifest
+from nvtrain.kube.monitoring import NAMESPACE_LABEL
+from nvtrain.kube.options import ManifestOptions
+from nvtrain.kube.yaml_io import dump
 
 METRICS = MINIMAL + "nproc_per_node = 8\n[rendezvous]\nnodes = 2\n[metrics]\nenabled = true\nport = 9464\n"
 runner = CliRunner()

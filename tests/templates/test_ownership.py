@@ -24,8 +24,9 @@ from typer.testing import CliRunner
 
 from nvtrain.cli import app
 from nvtrain.errors import UsageError
-from nvtrain.templates.manifest import ManifestOptions, render
-from nvtrain.templates.ownership import owner_script, resource_type
+from nvtrain.kube.manifest import render
+from nvtrain.kube.options import ManifestOptions
+from nvtrain.kube.ownership import owner_script, resource_type
 
 runner = CliRunner()
 

@@ -1,4 +1,4 @@
-"""The training pods' extras (``nvtrain.templates.podextras``): Secrets as environment, extra
+"""The training pods' extras (``nvtrain.kube.podextras``): Secrets as environment, extra
 volumes, init containers, affinity and topology, declared once and the same in the Job, the
 JobSet and the Trainer runtime; bad values exit 2 naming the option and the fix."""
 
@@ -14,8 +14,10 @@ from typer.testing import CliRunner
 
 from nvtrain.cli import app
 from nvtrain.errors import UsageError
-from nvtrain.templates import podextras
-from nvtrain.templates.manifest import ManifestOptions, dump, render
+from nvtrain.kube import podextras
+from nvtrain.kube.manifest import render
+from nvtrain.kube.options import ManifestOptions
+from nvtrain.kube.yaml_io import dump
 
 runner = CliRunner()
 

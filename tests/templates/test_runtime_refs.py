@@ -19,9 +19,10 @@ from typer.testing import CliRunner
 
 from nvtrain.cli import app
 from nvtrain.findings import Finding
-from nvtrain.templates.manifest import ManifestOptions, render
-from nvtrain.templates.manifest_checks import check_manifest
-from nvtrain.templates.trainer_runtime import ANCESTOR_LABEL
+from nvtrain.kube.manifest import render
+from nvtrain.kube.manifest_checks import check_manifest
+from nvtrain.kube.options import ManifestOptions
+from nvtrain.kube.trainer_runtime import ANCESTOR_LABEL
 
 STARTER = starter_two_nodes()
 METRICS = (

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from nvtrain.cli import app
 from nvtrain.config import Policy, parse_duration, validate_source
 from nvtrain.config.derive import DERIVED_KEYS
+from nvtrain.kube.init import init_project, starter_text
 from nvtrain.nvrx import NvrxVersion
-from nvtrain.templates.init import init_project, starter_text
 
 runner = CliRunner()
 

@@ -25,16 +25,12 @@ from templates_helpers import (
 from typer.testing import CliRunner
 
 from nvtrain.cli import app
+from nvtrain.kube import podextras, trainer_runtime
+from nvtrain.kube.manifest import render
+from nvtrain.kube.objects import JOBSET_UID_LABEL, POLICY_FILE, POLICY_MOUNT
+from nvtrain.kube.options import ManifestOptions
+from nvtrain.kube.yaml_io import dump
 from nvtrain.launcher.identity import pod_names
-from nvtrain.templates import podextras, trainer_runtime
-from nvtrain.templates.manifest import (
-    JOBSET_UID_LABEL,
-    POLICY_FILE,
-    POLICY_MOUNT,
-    ManifestOptions,
-    dump,
-    render,
-)
 
 runner = CliRunner()
 

@@ -22,6 +22,7 @@ from nvtrain.events.records import (
     EventsLogError,
     OtherEvent,
     Step,
+    WorkerEnded,
     WorkerFailed,
 )
 from nvtrain.runlog.checkpoints import load_times, loads_by_origin
@@ -90,6 +91,20 @@ def test_a_log_from_before_versions_reads_as_version_0() -> None:
     event = parse_event(line)
     assert isinstance(event, CheckpointStaged)
     assert (event.v, event.step, event.blocked_s, event.is_async, event.bytes) == (0, 10, 0.01, True, 4096)
+
+
+def test_a_stop_logged_as_a_failure_by_older_versions_reads_as_worker_ended() -> None:
+    """Before ``worker_ended``, a worker told to stop was a ``worker_failed`` with ``stopped``."""
+    old = parse_event(
+        '{"ts":1796448235.9,"event":"worker_failed","v":1,"node":0,"source":"launcher","rank":0,'
+        '"local_rank":0,"worker_pid":7354,"exit_code":143,"signal":null,"step":1,"stopped":true}'
+    )
+    assert isinstance(old, WorkerEnded) and not isinstance(old, WorkerFailed)
+    assert (old.reason, old.worker_pid, old.exit_code, old.step, old.extra) == ("stopped", 7354, 143, 1, {})
+    assert old.as_dict()["event"] == "worker_ended" and "stopped" not in old.as_dict()
+    # A real fault of those logs stays a failure.
+    failed = parse_event('{"ts":5,"event":"worker_failed","local_rank":1,"exit_code":-9,"signal":"SIGKILL"}')
+    assert isinstance(failed, WorkerFailed) and failed.signal == "SIGKILL"
 
 
 def test_an_old_restore_named_its_origin_source() -> None:

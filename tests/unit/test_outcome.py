@@ -9,7 +9,7 @@ import pytest
 
 from nvtrain.config.schema import Policy
 from nvtrain.errors import ExitCode
-from nvtrain.events.records import WorkerFailed
+from nvtrain.events.records import WorkerEnded, WorkerFailed
 from nvtrain.launcher.identity import Identity, identify
 from nvtrain.launcher.outcome import decide
 from nvtrain.nvrx import NvrxVersion
@@ -40,6 +40,7 @@ class Seen:
     signum: int | None = None
     escalated: str | None = None
     failures: list[WorkerFailed] = dataclasses.field(default_factory=list)
+    ended: list[WorkerEnded] = dataclasses.field(default_factory=list)
     restarts: int = 0
     launcher_error: str | None = None
     rendezvous_timeout: bool = False
@@ -115,22 +116,23 @@ def test_other_launcher_errors_stay_exit_1() -> None:
 
 def test_a_worker_that_was_told_to_stop_is_passed_over_for_the_root_cause() -> None:
     p = policy()
-    stopped = WorkerFailed(local_rank=0, worker_pid=4241, exit_code=-15, signal="SIGTERM", stopped=True)
-    outcome = decide(1, Seen(failures=[stopped, FAILURE]), p, identity(p), ENDPOINT, V041)
+    stopped = WorkerEnded(local_rank=0, worker_pid=4241, exit_code=-15, signal="SIGTERM", reason="stopped")
+    outcome = decide(1, Seen(failures=[FAILURE], ended=[stopped]), p, identity(p), ENDPOINT, V041)
     assert "Root cause (first failure): local rank 1 on pod trainer-0 (node 0), exit code 3 (pid 4242)" in (
         outcome.cause
     )
-    assert "2 worker failure(s) in all" in outcome.cause
+    assert "1 worker failure(s) in all, 1 more ended when told to stop" in outcome.cause
 
 
-def test_when_every_failed_worker_was_told_to_stop_the_first_is_named_as_such() -> None:
+def test_when_every_worker_ended_when_told_to_stop_the_first_is_named_as_such() -> None:
     p = policy()
-    stopped = WorkerFailed(local_rank=0, worker_pid=4241, exit_code=-15, signal="SIGTERM", stopped=True)
-    outcome = decide(1, Seen(failures=[stopped]), p, identity(p), ENDPOINT, V041)
+    stopped = WorkerEnded(local_rank=0, worker_pid=4241, exit_code=-15, signal="SIGTERM", reason="stopped")
+    outcome = decide(1, Seen(ended=[stopped]), p, identity(p), ENDPOINT, V041)
     assert (
         "local rank 0 on pod trainer-0 (node 0), killed by SIGTERM after it was told to stop (pid 4241)"
         in (outcome.cause)
     )
+    assert "0 worker failure(s) in all, 1 more ended when told to stop" in outcome.cause
 
 
 def test_a_worker_that_raised_and_then_aborted_at_exit_is_named_with_its_exception() -> None:

@@ -104,7 +104,7 @@ def test_a_tail_of_the_run_picks_up_each_pods_log_as_it_appears(tmp_path: Path) 
 
 
 def test_the_live_figures_are_the_whole_jobs(tmp_path: Path) -> None:
-    from nvtrain.report.live import LiveFigures
+    from nvtrain.live import LiveFigures
 
     run_dir = tmp_path / "r1"
     live = LiveFigures(run_dir, refresh=0.0)

@@ -38,6 +38,7 @@ from nvtrain.events.records import (
     SignalReceived,
     Step,
     TerminationLogError,
+    WorkerEnded,
     WorkerFailed,
     WorkerGaveUp,
     WorkerStart,
@@ -598,7 +599,10 @@ def test_a_worker_told_to_stop_is_not_the_root_cause(tmp_path: Path) -> None:
         "Root cause (first failure): local rank 1 on pod trainer-0 (node 0), exit code 3 (pid 5001)"
         in outcome.cause
     )
-    assert [(f.worker_pid, f.stopped) for f in n.logged(WorkerFailed)] == [(5000, True), (5001, None)]
+    # The stop request is no failure: a worker_ended of its own, and worker_failed for the fault.
+    assert [(f.worker_pid, f.reason) for f in n.logged(WorkerEnded)] == [(5000, "stopped")]
+    assert [f.worker_pid for f in n.logged(WorkerFailed)] == [5001]
+    assert "1 worker failure(s) in all, 1 more ended when told to stop" in outcome.cause
 
 
 def traceback(rank: int, error: str) -> list[str]:
@@ -704,7 +708,7 @@ def test_what_an_earlier_life_of_the_pod_logged_is_not_read(tmp_path: Path) -> N
     n = node(tmp_path, [Script([Tick(lines=[failed(5001)], exit=1)])], max_restarts=0)
     outcome = n.run()
     assert "0/0 in-job restarts used" in outcome.cause and "(pid 5001)" in outcome.cause
-    assert n.logged(WorkerFailed)[-1].stopped is None
+    assert n.logged(WorkerFailed)[-1].worker_pid == 5001 and n.logged(WorkerEnded) == []
 
 
 def test_a_failed_run_names_the_volume_problem_in_its_cause(tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ pytestmark = [
 
 @pytest.fixture(autouse=True)
 def _fresh_process_memory(monkeypatch: pytest.MonkeyPatch) -> None:
-    import nvtrain.worker.checkpoint as checkpoint
+    import nvtrain.worker.checkpoint.staging as checkpoint
 
     monkeypatch.setattr(checkpoint, "_IN_MEMORY", {}, raising=False)
 

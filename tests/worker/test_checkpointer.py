@@ -30,7 +30,7 @@ pytestmark = [
 def _fresh_process_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test starts without the staged copies that earlier tests' Checkpointers left in this
     process for in-process restarts (and frees them afterwards)."""
-    import nvtrain.worker.checkpoint as checkpoint
+    import nvtrain.worker.checkpoint.staging as checkpoint
 
     monkeypatch.setattr(checkpoint, "_IN_MEMORY", {}, raising=False)
 
@@ -169,7 +169,7 @@ def test_a_rank_leaves_the_partial_folder_alone_once_its_manifest_is_there(
     lands at the worst instant: right after the manifest's rename."""
     import os
 
-    import nvtrain.worker.checkpoint as checkpoint
+    import nvtrain.worker.checkpoint.core as checkpoint
 
     model, optimizer = _model(0)
     ckpt = _checkpointer(tmp_path / "run", model, optimizer, _policy(True))
@@ -233,7 +233,7 @@ def test_save_commits_a_complete_folder_with_manifests(tmp_path: Path, mode: str
 def _new_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """Forget the staged copies a Checkpointer keeps in this process's memory for in-process
     restarts, as a new process would: the next restore reads storage."""
-    import nvtrain.worker.checkpoint as checkpoint
+    import nvtrain.worker.checkpoint.staging as checkpoint
 
     monkeypatch.setattr(checkpoint, "_IN_MEMORY", {})
 
@@ -666,7 +666,7 @@ def test_sync_save_reports_all_the_time_it_blocks(tmp_path: Path, monkeypatch: p
     """With async = false the training loop is blocked until the checkpoint is committed
     (manifests with checksums, COMMITTED, rename): checkpoint_staged's blocked_s must cover it.
     Checksumming is slowed down here so that the difference is unmistakable."""
-    import nvtrain.worker.checkpoint as checkpoint
+    import nvtrain.worker.checkpoint.layout as checkpoint
 
     real_digest = checkpoint._digest
 

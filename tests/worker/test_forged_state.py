@@ -41,7 +41,7 @@ NOBODY = 65534
 @pytest.fixture(autouse=True)
 def _fresh_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Nothing in this process's memory, and the run's key in ``$NVTRAIN_RUN_KEY_FILE``."""
-    import nvtrain.worker.checkpoint as checkpoint
+    import nvtrain.worker.checkpoint.staging as checkpoint
     import nvtrain.worker.hostcopy as hostcopy
 
     monkeypatch.setattr(checkpoint, "_IN_MEMORY", {})

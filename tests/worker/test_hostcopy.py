@@ -42,7 +42,7 @@ pytestmark = [
 def _fresh_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A fresh process of a run: nothing in memory, and the run's key (as ``nvtrain run``
     gives its workers) in ``$NVTRAIN_RUN_KEY_FILE``."""
-    import nvtrain.worker.checkpoint as checkpoint
+    import nvtrain.worker.checkpoint.staging as checkpoint
     import nvtrain.worker.hostcopy as hostcopy
 
     monkeypatch.setattr(checkpoint, "_IN_MEMORY", {})
@@ -54,7 +54,7 @@ def _fresh_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 def _new_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a replacement worker has: the files in the folder, nothing in the process."""
-    import nvtrain.worker.checkpoint as checkpoint
+    import nvtrain.worker.checkpoint.staging as checkpoint
     import nvtrain.worker.hostcopy as hostcopy
 
     monkeypatch.setattr(checkpoint, "_IN_MEMORY", {})

@@ -1,7 +1,7 @@
 """The ``nvtrain`` command: one small module per subcommand over the library.
 
 Library errors become messages and exit codes in ``_errors.py`` only; rich is imported in
-``_console.py`` only. Heavy imports happen inside the commands so ``--help`` stays fast.
+``render/`` only. Heavy imports happen inside the commands so ``--help`` stays fast.
 """
 
 from __future__ import annotations

@@ -27,12 +27,12 @@ def exit_on_error(command: Callable[P, R]) -> Callable[P, R]:
             _interrupt.say_interrupted()
             raise typer.Exit(_interrupt.INTERRUPTED) from None
         except NvtrainError as exc:
-            from nvtrain.cli import _console
+            from nvtrain.cli.render.findings import print_error, print_findings
 
             if isinstance(exc, ConfigError):
-                _console.print_findings(exc.source, exc.findings)
+                print_findings(exc.source, exc.findings)
             else:
-                _console.print_error(exc)
+                print_error(exc)
             raise typer.Exit(int(exc.exit_code)) from None
         except Exception:
             if _interrupt.received():  # e.g. pydantic's SchemaError around a KeyboardInterrupt

@@ -50,7 +50,7 @@ def command(
 
     check_rendezvous_port(loaded.rendezvous.port)
 
-    from nvtrain.cli._console import visible
+    from nvtrain.cli.render.console import visible
 
     def say(text: str) -> None:
         typer.echo(f"nvtrain control: {visible(text)}", err=True)

@@ -22,8 +22,8 @@ def command(
 
     Refuses to overwrite existing files unless --force (exit 2).
     """
-    from nvtrain.cli import _console
-    from nvtrain.templates.init import init_project, starter_nvrx_version
+    from nvtrain.cli.render.init import print_init
+    from nvtrain.kube.init import init_project, starter_nvrx_version
 
     written = init_project(directory, force=force)
-    _console.print_init(str(directory), [str(p) for p in written], starter_nvrx_version())
+    print_init(str(directory), [str(p) for p in written], starter_nvrx_version())

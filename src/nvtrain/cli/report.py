@@ -48,9 +48,9 @@ def command(
         raise UsageError("--timeline and --no-timeline cannot be used together", "give one of them")
     report = read_report(run_dir)
     if report.warnings:
-        from nvtrain.cli import _console
+        from nvtrain.cli.render.findings import print_warnings
 
-        _console.print_warnings(report.warnings)
+        print_warnings(report.warnings)
     png = None
     if not no_timeline:
         if timeline is not None:
@@ -62,9 +62,9 @@ def command(
     if as_json:
         typer.echo(json.dumps(report_dict(report, None if png is None else str(png)), indent=2))
         return
-    from nvtrain.cli import _console
+    from nvtrain.cli.render.report import print_report
 
-    _console.print_report(report, png)
+    print_report(report, png)
 
 
 def _is_png(head: bytes) -> bool:

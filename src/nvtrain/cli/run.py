@@ -310,10 +310,10 @@ def command(
         if rdzv_endpoint is not None and master_port is None:
             given = f"--rdzv-endpoint {rdzv_endpoint}"
         check_rendezvous_port(port, flag=given)
-    from nvtrain.cli import _console
+    from nvtrain.cli.render.events import event_reporter
 
     try:
-        outcome = supervise(plan, policy, identity, paths, report=_console.event_reporter(), verbose=verbose)
+        outcome = supervise(plan, policy, identity, paths, report=event_reporter(), verbose=verbose)
     except KeyboardInterrupt:
         raise typer.Exit(signal_exit_code(signal.SIGINT)) from None
     raise typer.Exit(outcome.exit_code)

@@ -127,11 +127,12 @@ def command(
             apply=apply,
         )
     )
-    from nvtrain.cli import _console
+    from nvtrain.cli.render.findings import print_warnings
+    from nvtrain.cli.render.tuning import print_tuning
 
     if result.measured is not None and result.measured.warnings:
-        _console.print_warnings(result.measured.warnings)
+        print_warnings(result.measured.warnings)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
         return
-    _console.print_tuning(result)
+    print_tuning(result)

@@ -53,21 +53,24 @@ def command(
     Exit 0 when valid, 2 on errors, 1 on warnings with --strict.
     """
     from nvtrain.config.validation import effective_settings, validate_file
-    from nvtrain.templates.nvrx_pin import parse_nvrx_option
+    from nvtrain.kube.nvrx_pin import parse_nvrx_option
     from nvtrain.tuning.sources import read_timings_or_log
 
     version = parse_nvrx_option(nvrx) if nvrx is not None else None
     measured, problems = (None, []) if timings is None else read_timings_or_log(timings)
     if manifest is not None:
-        from nvtrain.templates.manifest_checks import validate_manifest
+        from nvtrain.kube.manifest_checks import validate_manifest
 
         result = validate_manifest(
             policy, manifest, nvrx=version, timings=measured, timings_findings=problems
         )
     else:
+        from nvtrain.config.paths import resolve_relative
+
         result = validate_file(
             policy, nvrx=version or "installed", timings=measured, timings_findings=problems
         )
+        result = resolve_relative(result, Path.cwd())  # a relative [checkpoint] dir, as `run` reads it
     code = ExitCode.OK
     if result.errors or result.policy is None:
         code = ExitCode.USAGE
@@ -89,14 +92,15 @@ def command(
         )
         raise typer.Exit(int(code))
 
-    from nvtrain.cli import _console
+    from nvtrain.cli.render.findings import print_findings
+    from nvtrain.cli.render.settings import print_settings
 
     if result.findings:
         checked = result.source if timings is None else f"{result.source} with timings {timings}"
-        _console.print_findings(checked, result.findings)
+        print_findings(checked, result.findings)
     if result.policy is not None and not result.errors:
         nvrx_text = f"NVRx {result.nvrx}" if result.nvrx else "NVRx not checked"
-        _console.print_settings(
+        print_settings(
             f"{result.source} is valid ({nvrx_text}); effective policy:",
             effective_settings(result.policy, result.data),
         )

@@ -258,9 +258,10 @@ class InProcessRestart(BaseModel):
     the lost ranks is not trained, so the run diverges from one without faults). Unit: ranks."""
 
     failure_window: Duration | None = None
-    """After the first rank fails, how long the in-process layer waits for other ranks' failures
-    to join the same restart (NVRx's `last_call_wait`). Every soft fault waits this long before
-    it is handled; failures further apart than this cost one restart each. Default: `"100ms"`,
+    """After the first rank fails, how long NVRx waits before it restarts the ranks
+    (`last_call_wait`): failures reported within it are named in the restart's record. Every
+    soft fault waits this long before it is handled. A failure that comes later joins the same
+    restart all the same, and a rank that died is counted whenever it dies. Default: `"10ms"`,
     or a quarter of `soft_timeout` when that is shorter."""
 
     @property
@@ -268,7 +269,7 @@ class InProcessRestart(BaseModel):
         """``failure_window`` in seconds, its default filled in."""
         if self.failure_window is not None:
             return self.failure_window
-        return min(0.1, self.soft_timeout / 4)
+        return min(0.01, self.soft_timeout / 4)
 
 
 class InJobRestart(BaseModel):

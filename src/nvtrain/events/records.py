@@ -65,6 +65,8 @@ __all__ = [
     "SignalReceived",
     "Step",
     "TerminationLogError",
+    "WorkerEnded",
+    "WorkerExit",
     "WorkerFailed",
     "WorkerGaveUp",
     "WorkerStart",
@@ -475,11 +477,11 @@ class DnsResolved(Event):
 # -- read from ft_launcher (NVRx) -----------------------------------------------------------
 
 
-@_event("worker_failed")
-class WorkerFailed(Event):
-    """ft_launcher saw a worker exit with an error (``exit_code`` < 0: killed by ``signal``).
-    ``rank``: its global rank, when the worker logged its start (ft_launcher names the local
-    rank only)."""
+@dataclasses.dataclass(slots=True, kw_only=True)
+class WorkerExit(Event):
+    """The fields of ``worker_failed`` and ``worker_ended``: ft_launcher saw a worker exit with an
+    error (``exit_code`` < 0: killed by ``signal``). ``rank``: its global rank, when the worker
+    logged its start (ft_launcher names the local rank only)."""
 
     local_rank: int | None = None
     worker_pid: int | None = None
@@ -491,8 +493,6 @@ class WorkerFailed(Event):
     """The highest step the job had reached when it failed (not necessarily where this attempt
     was: after a rollback it is the step before it), if the workers report steps. Escalation
     counts failures in a row without a new highest step."""
-    stopped: bool | None = None
-    """It had been told to stop (it logged ``worker_stopped``): it ended on request, no fault."""
     gave_up: str | None = None
     """Why its in-process layer gave up first, when it logged ``worker_gave_up``."""
     raised: str | None = None
@@ -502,6 +502,22 @@ class WorkerFailed(Event):
 
     NULL_KEPT = frozenset({"signal"})
     """``signal`` null: it exited with a code, it was not killed."""
+
+
+@_event("worker_failed")
+class WorkerFailed(WorkerExit):
+    """A worker failed: a fault. Logs from before ``worker_ended`` logged a worker that had been
+    told to stop as a ``worker_failed`` with ``stopped: true``; it reads as a ``WorkerEnded``."""
+
+
+@_event("worker_ended")
+class WorkerEnded(WorkerExit):
+    """A worker ended because it was asked to (``reason``), with an error status: no fault, never
+    the root cause, not counted for escalation."""
+
+    reason: str | None = None
+    """``stopped``: it had been told to stop: it logged ``worker_stopped`` (ft_launcher stopping the
+    workers for a restart, a SIGTERM from outside), or ``nvtrain run`` was stopping the job."""
 
 
 @_event("hang_detected")
@@ -589,6 +605,7 @@ class OtherEvent(Event):
 # -- parsing ----------------------------------------------------------------------------------
 
 _COMMON = ("host", "pid", "node", "run_id", "source", "rank")
+_STOPPED = {"reason": "stopped"}
 _RESERVED = frozenset({"ts", "event", "v"})
 
 
@@ -690,6 +707,8 @@ def from_fields(record: Mapping[str, Any]) -> Event | None:
     if type(name) is not str:
         return None
     cls = EVENT_TYPES.get(name, OtherEvent)
+    if cls is WorkerFailed and record.get("stopped") is True:  # logged before worker_ended
+        cls, record = WorkerEnded, {k: v for k, v in record.items() if k != "stopped"} | _STOPPED
     spec = _SPEC[cls]
     version = record.get("v")
     values: dict[str, Any] = {"ts": float(stamp), "v": version if type(version) is int else 0}

@@ -1,15 +1,18 @@
-"""Stable DNS names of the job's pods (headless Service) and waiting for them to resolve."""
+"""Waiting for the stable DNS names of the job's pods (headless Service) to resolve.
+
+The names themselves (``PodNames``, ``pod_name``, ``control_name``, ``store_name``) are made in
+``nvtrain.kubenames``, the one module of Kubernetes naming, and re-exported here for the launcher.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import socket
 import time
 from collections.abc import Callable
 
-from nvtrain.config.schema import Policy
 from nvtrain.errors import ExitCode, NvtrainError
+from nvtrain.kubenames import CONTROL_SUFFIX, PodNames, control_name, headless_service, pod_name, store_name
 
 __all__ = [
     "CONTROL_SUFFIX",
@@ -22,9 +25,6 @@ __all__ = [
     "store_name",
     "wait_until_resolvable",
 ]
-
-CONTROL_SUFFIX = "control"
-"""The control pod's hostname is ``<job>-control`` (``[rendezvous] store = "control"``)."""
 
 Resolver = Callable[[str], list[str]]
 
@@ -39,7 +39,7 @@ class DnsTimeout(NvtrainError):
         self.waited = waited
         off_pod = (
             ""
-            if _kubernetes_name(name)
+            if headless_service(name) is not None
             else (
                 "off Kubernetes, the store's host ([rendezvous] host, --master-addr, --rdzv-endpoint, "
                 "or the first node of Slurm's node list) is not in this node's DNS or /etc/hosts: "
@@ -55,83 +55,21 @@ class DnsTimeout(NvtrainError):
         )
 
 
-def _kubernetes_name(name: str) -> bool:
-    """Whether ``name`` is a pod's name under a headless Service: ``<pod>.<service>.<namespace>.
-    svc.<cluster domain>``."""
-    parts = name.split(".")
-    return len(parts) >= 5 and parts[3] == "svc"
-
-
 def _missing_service(name: str) -> str:
     """The first likely cause of ``name`` not resolving: no headless Service of the name that the
     pods' ``subdomain`` gives, most often after a rename."""
-    parts = name.split(".")
     renamed = (
         "a Kustomize namePrefix or nameSuffix renames the Service but not the pods' `subdomain` "
         '(docs/kubernetes.md, "Kustomize")'
     )
-    if len(parts) >= 5 and parts[3] == "svc":
-        service, namespace = parts[1], parts[2]
+    found = headless_service(name)
+    if found is not None:
+        service, namespace = found
         return (
             f"no headless Service named {service!r} (the pods' subdomain) in namespace {namespace!r}: "
             f"check `kubectl get service {service} -n {namespace}`; {renamed}"
         )
     return f"the headless Service is missing or named differently from the pods' subdomain; {renamed}"
-
-
-@dataclasses.dataclass(frozen=True)
-class PodNames:
-    """The stable DNS names of one job's pods: pod *i* is ``<base>-<i>.<domain>``, the control pod
-    ``<control_host>.<domain>``.
-
-    ``of(policy)`` gives the names the policy implies. In a pod, ``launcher.identity`` takes
-    ``base`` and ``domain`` from the pod's own hostname and DNS name instead, so that a Job and
-    Service renamed after rendering (Kustomize ``namePrefix``, ``namespace``) find their peers."""
-
-    base: str
-    """What pod hostnames are made of: ``<base>-<index>`` (the Job's real name)."""
-    domain: str
-    """``<subdomain>.<namespace>.svc.<cluster domain>``."""
-    control_host: str
-    """The control pod's hostname (``[rendezvous] store = "control"``): ``<[job] name>-control``,
-    which the manifest sets literally, so a rename leaves it as it is."""
-
-    @classmethod
-    def of(cls, policy: Policy) -> PodNames:
-        """``[job] name``, and ``<[rendezvous] service>.<namespace>.svc.<cluster_domain>``."""
-        r = policy.rendezvous
-        return cls(
-            base=policy.job.name,
-            domain=f"{policy.service}.{r.namespace}.svc.{r.cluster_domain}",
-            control_host=f"{policy.job.name}-{CONTROL_SUFFIX}",
-        )
-
-    def pod(self, index: int) -> str:
-        return f"{self.base}-{index}.{self.domain}"
-
-    def control(self) -> str:
-        return f"{self.control_host}.{self.domain}"
-
-    def store(self, store: str) -> str:
-        """DNS name of the rendezvous store's host for ``[rendezvous] store``: pod 0, or the
-        control pod."""
-        return self.control() if store == "control" else self.pod(0)
-
-
-def pod_name(policy: Policy, index: int) -> str:
-    """``<job>-<index>.<service>.<namespace>.svc.<cluster domain>``."""
-    return PodNames.of(policy).pod(index)
-
-
-def control_name(policy: Policy) -> str:
-    """``<job>-control.<service>.<namespace>.svc.<cluster domain>``: the pod of ``nvtrain control``."""
-    return PodNames.of(policy).control()
-
-
-def store_name(policy: Policy, names: PodNames | None = None) -> str:
-    """DNS name of the rendezvous store's host: pod 0, or the control pod (``names``: this
-    pod's view of them; default: the policy's)."""
-    return (names or PodNames.of(policy)).store(policy.rendezvous.store)
 
 
 def resolve(name: str) -> list[str]:

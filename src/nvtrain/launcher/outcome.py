@@ -18,7 +18,7 @@ from typing import Protocol
 from nvtrain.config.schema import Policy
 from nvtrain.errors import ExitCode, signal_exit_code
 from nvtrain.events import Reporter
-from nvtrain.events.records import HangBlamed, TerminationLogError, WorkerFailed
+from nvtrain.events.records import HangBlamed, TerminationLogError, WorkerEnded, WorkerExit, WorkerFailed
 from nvtrain.launcher.identity import Identity
 from nvtrain.nvrx import NO_RESTART_EXIT_CODE, NvrxVersion
 
@@ -83,7 +83,8 @@ class Observed(Protocol):
     # ``escalated_error`` (str | None): the script's error when the run escalated;
     # ``escalated_early`` (bool): it escalated before ``escalate_after`` (an identical failure);
     # ``blames`` (Sequence[HangBlamed]): hangs blamed on a worker of this node, first first;
-    # ``usage_error`` (str | None): ft_launcher refused its own command line.
+    # ``usage_error`` (str | None): ft_launcher refused its own command line;
+    # ``ended`` (Sequence[WorkerEnded]): workers that ended after they were told to stop.
 
 
 def seconds(value: float) -> str:
@@ -168,13 +169,12 @@ def _decide(
     if root is not None and blame is not None:
         cause = (
             f"workers failed; {seen.restarts}/{budget} in-job restarts used. Root cause "
-            f"(first failure): {_blamed(blame, where)}. The first failure seen: {first}; "
-            f"{len(seen.failures)} worker failure(s) in all"
+            f"(first failure): {_blamed(blame, where)}. The first failure seen: {first}; {_in_all(seen)}"
         )
     elif root is not None:
         cause = (
             f"workers failed; {seen.restarts}/{budget} in-job restarts used. Root cause "
-            f"(first failure): {first}; {len(seen.failures)} worker failure(s) in all"
+            f"(first failure): {first}; {_in_all(seen)}"
         )
         if root.signal == "SIGKILL" and not root.hang:
             cause += (
@@ -188,14 +188,21 @@ def _decide(
     return Outcome(int(ExitCode.FAILED), cause)
 
 
-def _root_failure(seen: Observed) -> WorkerFailed | None:
-    """The run's first worker failure, leaving out workers that had been told to stop (when
-    every failed worker had, the first of them). ``failures`` are in the order the workers
-    failed: a rank that raised before the worker ft_launcher named comes first (``Watch``)."""
-    for failure in seen.failures:
-        if not failure.stopped:
-            return failure
-    return seen.failures[0] if seen.failures else None
+def _root_failure(seen: Observed) -> WorkerExit | None:
+    """The run's first worker failure; when no worker failed, the first worker that ended after
+    it was told to stop. ``failures`` are in the order the workers failed: a rank that raised
+    before the worker ft_launcher named comes first (``Watch``)."""
+    if seen.failures:
+        return seen.failures[0]
+    ended: Sequence[WorkerEnded] = getattr(seen, "ended", ())
+    return ended[0] if ended else None
+
+
+def _in_all(seen: Observed) -> str:
+    """How many workers failed (and ended on request), in words."""
+    ended = len(getattr(seen, "ended", ()))
+    told = f", {ended} more ended when told to stop" if ended else ""
+    return f"{len(seen.failures)} worker failure(s) in all{told}"
 
 
 def _blame(seen: Observed) -> HangBlamed | None:
@@ -250,7 +257,7 @@ def _first_failure(seen: Observed, where: str) -> str:
         how += " after its heartbeats stopped (hang detected by the rank monitor)"
     if first.gave_up:
         how += f" after its in-process restart gave up ({first.gave_up})"
-    if first.stopped:
+    if isinstance(first, WorkerEnded):
         how += " after it was told to stop"
     pid = f" (pid {first.worker_pid})" if first.worker_pid is not None else ""
     if first.local_rank is None and first.rank is not None:

@@ -75,7 +75,7 @@ from nvtrain.launcher.watch import Watch
 from nvtrain.nvrx import NvrxVersion, installed_nvrx
 
 if TYPE_CHECKING:
-    from nvtrain.report.live import MetricsServer
+    from nvtrain.live import MetricsServer
 
 __all__ = [
     "POLL_INTERVAL",
@@ -646,7 +646,7 @@ def _serve_metrics(policy: Policy, identity: Identity, paths: RunPaths) -> Metri
     is a usage error (exit 2) naming the key, before any worker starts."""
     if not policy.metrics.enabled:
         return None
-    from nvtrain.report.live import bind_address, serve
+    from nvtrain.live import bind_address, serve
 
     try:
         return serve(

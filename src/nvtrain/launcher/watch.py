@@ -19,9 +19,12 @@ Structured sources come first; ft_launcher's log text only says what nothing els
 - the signals that reach ``nvtrain run`` (set by the supervisor); the hangs it blamed on a
   worker (``blame``, from the process table).
 
-``Watch`` decides escalation (failures that repeat without progress, or a failure before the
-first step that repeats with the same error) and is what ``outcome.decide`` reads to say how the
-run ended (``outcome.Observed``).
+A worker ft_launcher saw exit with an error is a ``worker_failed`` (a fault), or a
+``worker_ended`` when it had been told to stop (it logged ``worker_stopped``, or ``nvtrain run``
+had received a signal and passed it on): no fault, not counted for escalation. ``Watch`` decides
+escalation (failures that repeat without progress, or a failure before the first step that
+repeats with the same error) and is what ``outcome.decide`` reads to say how the run ended
+(``outcome.Observed``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from nvtrain.config.schema import Policy
 from nvtrain.events import EventTail, Reporter
@@ -52,6 +56,7 @@ from nvtrain.events.records import (
     RestartBegin,
     RestartEnd,
     Step,
+    WorkerEnded,
     WorkerFailed,
     WorkerGaveUp,
     WorkerStart,
@@ -131,7 +136,10 @@ class Watch:
         self._hang_reported = False
         """That look was asked for by a hang (not a restart alone)."""
         self.failures: list[WorkerFailed] = []
-        """Worker failures on this node, first first (as logged: hang, step, stop, gave up)."""
+        """Worker failures on this node, first first (as logged: hang, step, gave up)."""
+        self.ended: list[WorkerEnded] = []
+        """Workers of this node that ended with an error status after they had been told to
+        stop (they logged ``worker_stopped``), first first: no fault."""
         self.launcher_error: str | None = None
         """The running (or last) ft_launcher's error message, if it ended with one."""
         self.rendezvous_timeout = False
@@ -333,7 +341,6 @@ class Watch:
                 return []  # the same failure, logged again
             self._failed_pids.add(pid)
         self._read_workers()  # what the workers logged before ft_launcher saw them end
-        known = pid is not None
         rank = self._rank_of.get(pid) if pid is not None else None
         if rank is None and self.world_nodes == 1:
             rank = record.local_rank  # one node: the global rank is the local one
@@ -342,7 +349,6 @@ class Watch:
             record,
             rank=rank,
             hang=True if hung else None,
-            stopped=True if known and pid in self._stopped else None,
             gave_up=self._gave_up.get(pid) if pid is not None else None,
             step=self.last_step,
             raised=self._raised.get(rank) if rank is not None else None,
@@ -356,7 +362,13 @@ class Watch:
             self._attempt_root = True
             self._check_progress(root)
             self.failures.append(root)
-        elif not failure.stopped and not self._attempt_root:  # told to stop: no fault
+        # Told to stop (it logged so, or this run is stopping: the signal went on to every worker,
+        # plain scripts included): it ended on request, no fault.
+        if (pid is not None and pid in self._stopped) or self.signum is not None:
+            ended = WorkerEnded(**_exit_fields(failure), reason="stopped")
+            self.ended.append(ended)
+            return [root, ended] if root is not None else [ended]
+        if not self._attempt_root:
             self._check_progress(failure)
         self.failures.append(failure)
         return [root, failure] if root is not None else [failure]
@@ -473,7 +485,8 @@ class Watch:
         if isinstance(nproc, int):
             return tuple(range(nproc))
         with self.lock:
-            seen = {f.local_rank for f in self.failures if f.local_rank is not None} | self._hangs
+            ended = (*self.failures, *self.ended)
+            seen = {f.local_rank for f in ended if f.local_rank is not None} | self._hangs
         return tuple(sorted(seen))
 
     def rank_of(self, pid: int) -> int | None:
@@ -491,6 +504,11 @@ class Watch:
         """Whether a hang was blamed since this attempt's workers started."""
         with self.lock:
             return self._attempt_blamed
+
+
+def _exit_fields(record: WorkerFailed) -> dict[str, Any]:
+    """The fields of a worker's exit (``records.WorkerExit``), the writer's among them."""
+    return {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
 
 
 def _named(failure: WorkerFailed) -> str:

@@ -71,7 +71,8 @@ RESTORE_ORIGINS = ("memory", "peer", "storage")
 
 def is_fault(e: Event) -> bool:
     """An injected fault, a hang, a failed worker, a signal to ``nvtrain run``, or a launcher
-    that exited with a non-zero code."""
+    that exited with a non-zero code. A worker that ended because it was told to stop
+    (``WorkerEnded``, and ``worker_failed`` with ``stopped: true`` of older logs) is none."""
     return isinstance(e, _FAULTS) or (isinstance(e, LauncherExit) and e.failed)
 
 

@@ -30,6 +30,8 @@ from nvtrain.events.records import (
     RestartEnd,
     SignalReceived,
     Step,
+    WorkerEnded,
+    WorkerExit,
     WorkerFailed,
 )
 from nvtrain.runlog.kinds import RESTORE_ORIGINS, duration, is_fault, is_restart, restore_origin
@@ -166,7 +168,7 @@ def _recovery(
             rendezvous = e.ts
         elif isinstance(e, AttemptStart):
             attempt = e.ts
-        if first_failure is None and k > 0 and isinstance(e, (WorkerFailed, HangDetected)):
+        if first_failure is None and k > 0 and isinstance(e, (WorkerExit, HangDetected)):
             first_failure = e.ts
         fault, restart = is_fault(e), is_restart(e, pods)
         if not (fault or restart):
@@ -174,10 +176,10 @@ def _recovery(
         fault_logged = fault_logged or fault
         if restart and first_restart is None:
             first_restart = e.ts
-        if fault_step is None and isinstance(e, (FaultInjected, WorkerFailed)):
+        if fault_step is None and isinstance(e, (FaultInjected, WorkerExit)):
             fault_step = e.step
         new_processes = new_processes or (
-            isinstance(e, (WorkerFailed, Relaunch))
+            isinstance(e, (WorkerExit, Relaunch))
             or (isinstance(e, RestartBegin) and not e.in_process)
             or id(e) in pods
         )
@@ -262,7 +264,7 @@ def _signal_cause(name: str) -> Cause:
     return "sigkill" if name == "SIGKILL" else "sigterm" if name == "SIGTERM" else "signal"
 
 
-def _exit_cause(failed: WorkerFailed) -> Cause:
+def _exit_cause(failed: WorkerExit) -> Cause:
     """A failed worker, by what it logged: an exception (also when a signal ended it after its
     traceback: torch's threads can abort the interpreter's exit), a signal, or its exit code."""
     if failed.raised:
@@ -295,10 +297,11 @@ def _cause(window: Sequence[Event], pods: frozenset[int]) -> tuple[Cause, str]:
     if any(isinstance(e, HangDetected) for e in window):
         blamed = next((e for e in window if isinstance(e, HangBlamed)), None)
         return "hang", _hang_words(blamed)
-    # A worker killed by a signal (not one ft_launcher told to stop) is the fault: the in-process
-    # restarts of its peers that follow name only what they saw of it (a broken connection).
-    # One that raised before it was killed failed by its exception (``_exit_cause``).
-    signalled = (e for e in window if isinstance(e, WorkerFailed) and e.signal and not e.stopped)
+    # A worker killed by a signal (a failed one, not one that was told to stop: ``WorkerEnded``) is
+    # the fault: the in-process restarts of its peers that follow name only what they saw of it
+    # (a broken connection). One that raised before it was killed failed by its exception
+    # (``_exit_cause``).
+    signalled = (e for e in window if isinstance(e, WorkerFailed) and e.signal)
     killed = next((e for e in signalled if not e.raised), None)
     if killed is not None:
         return _signal_cause(str(killed.signal)), str(killed.signal)
@@ -313,6 +316,10 @@ def _cause(window: Sequence[Event], pods: frozenset[int]) -> tuple[Cause, str]:
     signal = next((e for e in window if isinstance(e, SignalReceived)), None)
     if signal is not None:
         return "stop", signal.signal or "signal"
+    # A worker told to stop by something else than nvtrain (a SIGTERM to it from outside).
+    ended = next((e for e in window if isinstance(e, WorkerEnded)), None)
+    if ended is not None:
+        return _exit_cause(ended), ended.signal or f"exit {ended.exit_code}"
     exited = next((e for e in window if isinstance(e, LauncherExit) and e.failed), None)
     if exited is not None:
         return "launcher_failed", f"launcher exit {exited.exit_code}"

@@ -41,9 +41,10 @@ import torch
 
 __all__ = ["CHUNK", "Rejected", "open_private", "read_checked", "read_private", "threads"]
 
-CHUNK = 8 << 20
-"""Bytes read and hashed at a time: small enough to be hashed while still in the cache, large
-enough that the per-chunk work in Python is a small part of it (BENCHMARKS.md)."""
+CHUNK = 32 << 20
+"""Bytes read and hashed at a time: large enough that the per-chunk work in Python and the
+hash's hand-off to its threads are a small part of it (on a 16-core host 32 MiB restored 4 GB
+into GPU memory at 10.2 GB/s where 8 MiB gave 5.5; on 2 cores the two are even: BENCHMARKS.md)."""
 
 
 _SMALL = 256 << 10
@@ -95,13 +96,14 @@ def read_private(path: Path) -> bytes:
 
 def threads(cpus: int | None = None) -> tuple[int, int]:
     """(reader threads, hash threads) for a restore on ``cpus`` cores (default: the ones this
-    process may run on): half the cores copy (up to 4), the others hash (up to 8); the ranks of
+    process may run on): half the cores copy (up to 6), the others hash (up to 10); the ranks of
     a node restore at the same time. (Giving the hash one more thread than there are cores left
-    was slower on 2 cores: BENCHMARKS.md.)"""
+    was slower on 2 cores; 6 + 10 against 4 + 8 on a 16-core host: 13.5 against 10.2 GB/s:
+    BENCHMARKS.md.)"""
     if cpus is None:
         cpus = len(os.sched_getaffinity(0))
-    readers = min(4, max(1, cpus // 2))
-    return readers, min(8, max(1, cpus - readers))
+    readers = min(6, max(1, cpus // 2))
+    return readers, min(10, max(1, cpus - readers))
 
 
 class _Targets:
@@ -260,8 +262,9 @@ class _Reader:
         self.starts = [pieces[0][0] for pieces in chunks]
         self.plans = [_schedule(pieces, targets) for pieces in chunks]
         self.readers = readers
-        self.window = 2 * readers
-        """Chunks read ahead of the one being hashed."""
+        self.window = readers + 2
+        """Chunks read ahead of the one being hashed: one per reader, and two done (the staging
+        buffers are a chunk each, page-locked when the state is on a GPU)."""
         devices = {t.device for t in targets.device.values()}
         assert len(devices) <= 1 and {d.type for d in devices} <= {"cuda"}, (
             f"a rank's state is on the CPU and one GPU, not on {sorted(map(str, devices))}"

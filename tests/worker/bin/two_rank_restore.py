@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 import nvtrain.worker.checkpoint as checkpoint
+import nvtrain.worker.checkpoint.agreement as agreement
 from nvtrain.config.schema import Checkpoint
 
 
@@ -40,7 +41,7 @@ def main() -> None:
         saver.save(step)
     saver.close()
     dist.barrier()
-    listed = checkpoint.committed_steps
+    listed = agreement.committed_steps  # what each rank's restore lists (rank 0's is agreed)
 
     def listing_without_hidden_step(path: Path) -> list[int]:
         return [s for s in listed(path) if s != hide]
@@ -48,7 +49,7 @@ def main() -> None:
     steps = []
     for attempt in (1, 2):
         if attempt == 2 and hide:
-            checkpoint.committed_steps = listing_without_hidden_step
+            agreement.committed_steps = listing_without_hidden_step
         fresh_model, fresh_optimizer = model_and_optimizer(attempt)
         restorer = checkpoint.Checkpointer(
             model=fresh_model, optimizer=fresh_optimizer, run_dir=run_dir, policy=policy
