@@ -11,9 +11,7 @@ Alternates the two ways of running it (``python``, ``entry``) so that both see t
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -21,6 +19,9 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+
+from _lib import cli
+from _lib.procs import free_port
 
 SCRIPT = textwrap.dedent(
     """
@@ -40,15 +41,9 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _one(prefix: list[str], script: Path) -> tuple[float, float, int]:
     """(seconds from the script's last line to the process's end, the whole process, exit code)."""
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
     start = time.time()
     done = subprocess.run([*prefix, str(script)], env=env, capture_output=True, text=True, check=False)
     ended = time.time()
@@ -91,8 +86,7 @@ def main() -> None:
         )
     ratio = summary["entry"]["exit_s_median"] / summary["python"]["exit_s_median"]
     print(f"entry / python, last line -> exit: {ratio:.2f} ({args.runs} runs each, alternated)")
-    if args.json:
-        args.json.write_text(json.dumps({"runs": args.runs, "summary": summary, "raw": results}, indent=2))
+    cli.write_json(args.json, {"runs": args.runs, "summary": summary, "raw": results})
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Hang detection for a script on NVRx's client API alone (tests/process/bin/nvrx_client.py):
+"""Hang detection for a script on NVRx's client API alone (tests/support/bin/nvrx_client.py):
 ``nvtrain run`` vs bare ft_launcher with the same fault-tolerance config (no heartbeat timeouts,
 ``null``; the client computes them after 4 steps of 0.5 s). Rank 1 stops itself at step 6.
 
@@ -11,11 +11,9 @@ from the launcher's output by this script (the moment nvtrain's events log gets
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -23,26 +21,23 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-CLIENT = ROOT / "tests" / "process" / "bin" / "nvrx_client.py"
+from _lib import REPO as ROOT
+from _lib import cli
+from _lib.policy import toml_list
+from _lib.procs import free_port, nvtrain_argv
+
+CLIENT = ROOT / "tests" / "support" / "bin" / "nvrx_client.py"
 ARGS = ["--mode", "heartbeats", "--step-time", "0.5", "--calc-step", "4", "--hang-step", "6"]
 HANG = re.compile(r"CLIENT HANG rank=1 step=\d+ t=([\d.]+)")
 RESTARTED = re.compile(r"CLIENT START rank=1 restart=1 t=([\d.]+)")
 TIMEOUTS = re.compile(r"CLIENT TIMEOUTS rank=1 HeartbeatTimeouts\(initial=[\d.]+, subsequent=([\d.]+)")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def policy_text(folder: Path, port: int) -> str:
-    args = ", ".join(json.dumps(a) for a in ARGS)
     return f"""[job]
 name = "bench"
 script = "{CLIENT}"
-args = [{args}]
+args = {toml_list(ARGS)}
 nproc_per_node = 2
 stop_timeout = "3s"
 [rendezvous]
@@ -99,7 +94,7 @@ def run_once(kind: str) -> dict[str, float]:
         (folder / "policy.toml").write_text(text, encoding="utf-8")
         env = {**os.environ, "TMPDIR": tmp, "PYTHONUNBUFFERED": "1"}
         if kind == "nvtrain":
-            argv = [sys.executable, "-m", "nvtrain", "run", "--run-id", "bench", str(folder / "policy.toml")]
+            argv = nvtrain_argv("run", "--run-id", "bench", str(folder / "policy.toml"))
             return measure(argv, env)
         import tomllib
 
@@ -117,7 +112,7 @@ def run_once(kind: str) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--runs", type=int, default=3)
     runs = parser.parse_args().runs
     results: dict[str, dict[str, object]] = {}

@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import socket
 import statistics
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from _lib.procs import free_port
 
 from nvtrain.config.schema import Metrics
 from nvtrain.live import LiveFigures, serve
@@ -70,12 +71,6 @@ def synthetic_log(path: Path, steps: int) -> int:
                 attempt += 1
                 step -= step % 200  # back to the newest checkpoint
     return n
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main() -> None:

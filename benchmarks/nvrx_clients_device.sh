@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # NVRx 0.6/0.7 on the device machine: the sections client under nvtrain run, then the hang
-# detection benchmark. NVRx and its needs carried as wheels in .whl/ (see gpu_warm.sh); results into $OUT.
+# detection benchmark. NVRx and its needs carried as wheels in .whl/ (benchmarks/gpu_env.sh); results into $OUT.
 #   bash benchmarks/nvrx_clients_device.sh
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
-python3 -c "import nvidia_resiliency_ext, importlib.metadata as m; print('nvrx', m.version('nvidia-resiliency-ext'))"
-mkdir -p $OUT
+. "$(dirname "$0")/gpu_env.sh"
+gpu_env || exit 1
+echo "nvrx $version"
+out_dir /tmp/nvrx-clients
 T=$(mktemp -d)
 cat > $T/sections.toml <<EOT
 [job]
 name = "sections"
-script = "$PWD/tests/process/bin/nvrx_client.py"
+script = "$PWD/tests/support/bin/nvrx_client.py"
 args = ["--mode", "sections", "--step-time", "0.2", "--steps", "10", "--save-every", "4", "--hang-step", "5"]
 nproc_per_node = 2
 stop_timeout = "3s"

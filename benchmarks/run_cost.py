@@ -18,18 +18,19 @@ server and its forks, all reaped). Every run must exit 0.
 
 from __future__ import annotations
 
-import argparse
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "worker")]
-from worker_helpers import demo_tables, write_policy  # noqa: E402  (the tests' policy)
+import _lib  # benchmarks/_lib: this tree's src first on the path
+from _lib import cli, stats
+from _lib.procs import nvtrain_run_argv
+
+sys.path.insert(0, str(_lib.REPO / "tests"))
+from support.worker_helpers import demo_tables, write_policy  # noqa: E402  (the tests' policy)
 
 FAULTS = [  # tests/worker/test_fault_matrix.py
     {"step": 12, "rank": 1, "kind": "exception"},
@@ -53,7 +54,7 @@ def run_once(python: str, policy_path: Path, run_id: str) -> tuple[float, float]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     done = subprocess.run(
-        [python, "-m", "nvtrain", "run", str(policy_path), "--run-id", run_id],
+        nvtrain_run_argv(policy_path, run_id, python=python),
         cwd=policy_path.parent,
         capture_output=True,
         text=True,
@@ -68,7 +69,7 @@ def run_once(python: str, policy_path: Path, run_id: str) -> tuple[float, float]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli.parser(__doc__, part="paragraph")
     parser.add_argument("-n", "--rounds", type=int, default=3)
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--steps", type=int, default=60)
@@ -96,10 +97,10 @@ def main() -> None:
         walls = [w for w, _ in results[(warm, faulty)]]
         cpus = [c for _, c in results[(warm, faulty)]]
         label = f"{'warm' if warm else 'cold'} {'faulty' if faulty else 'clean'}"
-        print(f"| {label} | {statistics.median(walls):.1f} | {statistics.median(cpus):.1f} |")
-    cold_cpu = statistics.median(c for _, c in results[(False, True)])
-    warm_cpu = statistics.median(c for _, c in results[(True, True)])
-    print(f"\nfaulty run, CPU warm / cold: {warm_cpu / cold_cpu:.2f}")
+        print(f"| {label} | {stats.fmt(stats.median(walls), 1)} | {stats.fmt(stats.median(cpus), 1)} |")
+    cold_cpu = stats.median(c for _, c in results[(False, True)])
+    warm_cpu = stats.median(c for _, c in results[(True, True)])
+    print(f"\nfaulty run, CPU warm / cold: {stats.fmt(stats.ratio(warm_cpu, cold_cpu))}")
 
 
 if __name__ == "__main__":

@@ -19,55 +19,38 @@ between them, so every tree sees the same machine. The report is always this tre
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
-from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-from nvtrain.findings import toml_value  # noqa: E402  (this tree's TOML writer)
+import _lib  # benchmarks/_lib: this tree's src first on the path
+from _lib import cli, stats
+from _lib.policy import load_tables
+from _lib.policy import write_policy as write_tables
+from _lib.procs import nvtrain_run_argv
+from _lib.runs import report_json, src_env
 
-DEMO = REPO / "src" / "nvtrain" / "config" / "demo.toml"
+DEMO = _lib.SRC / "nvtrain" / "config" / "demo.toml"
 
 
 def write_policy(source: Path, folder: Path, *, warm: bool) -> Path:
     """``source`` without its faults, checkpoints under ``folder``, warm start as asked."""
-    tables: dict[str, Any] = tomllib.loads(source.read_text(encoding="utf-8"))
+    tables = load_tables(source)
     tables.pop("faults", None)
     tables.setdefault("job", {})["warm_start"] = warm
     tables.setdefault("checkpoint", {})["dir"] = str(folder / "ckpt")
-    lines = []
-    for name, keys in tables.items():
-        lines.append(f"[{name}]")
-        lines += [f"{key} = {toml_value(value, limit=1 << 20)}" for key, value in keys.items()]
-        lines.append("")
-    path = folder / "policy.toml"
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
-
-
-def _env(src: str | None) -> dict[str, str]:
-    env = dict(os.environ)
-    if src:
-        rest = [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []
-        env["PYTHONPATH"] = os.pathsep.join([str(Path(src).resolve()), *rest])
-    return env
+    return write_tables(folder / "policy.toml", tables)
 
 
 def run_once(python: str, src: str | None, policy: Path, run_id: str) -> dict[str, float]:
     """One ``nvtrain run``: its figures (seconds), checked as the module's docstring says."""
     done = subprocess.run(
-        [python, "-m", "nvtrain", "run", str(policy), "--run-id", run_id],
+        nvtrain_run_argv(policy, run_id, python=python),
         cwd=policy.parent,
-        env=_env(src),
+        env=src_env(src),
         capture_output=True,
         text=True,
         timeout=600,
@@ -77,15 +60,10 @@ def run_once(python: str, src: str | None, policy: Path, run_id: str) -> dict[st
     if done.returncode != 0:
         sys.exit(f"{run_id}: exit {done.returncode}\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
     run_dir = policy.parent / "ckpt" / run_id
-    report = subprocess.run(
-        [sys.executable, "-m", "nvtrain", "report", str(run_dir), "--json"],
-        env=_env(str(REPO / "src")),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    shutdown = json.loads(report.stdout)["time_s"]["shutdown"]
+    report = report_json(run_dir, env=src_env(_lib.SRC), timeout=120)
+    if "error" in report:
+        sys.exit(f"{run_id}: nvtrain report failed: {report['error']}")
+    shutdown = report["time_s"]["shutdown"]
     events = [json.loads(line) for line in (run_dir / "events-node0.jsonl").read_text().splitlines() if line]
     last_step = max(e["step"] for e in events if e["event"] == "step")
     step_ts = max(e["ts"] for e in events if e["event"] == "step")
@@ -97,7 +75,7 @@ def run_once(python: str, src: str | None, policy: Path, run_id: str) -> dict[st
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli.parser(__doc__, part="paragraph")
     parser.add_argument("-n", "--runs", type=int, default=5, help="runs per tree and warm setting")
     parser.add_argument("--warm", choices=("off", "on", "both"), default="both")
     parser.add_argument("--policy", type=Path, default=DEMO, help="default: the built-in demo")
@@ -127,13 +105,9 @@ def main() -> None:
     print("| tree | " + " | ".join(keys) + " |")
     print("|---|" + "---:|" * len(keys))
     for arm, runs in results.items():
-        cells = []
-        for key in keys:
-            values = [r[key] for r in runs]
-            cells.append(f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})")
+        cells = [stats.span([r[key] for r in runs], dash="-") for key in keys]
         print(f"| {arm} | " + " | ".join(cells) + " |")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    cli.write_json(args.json, results, newline=True)
 
 
 if __name__ == "__main__":

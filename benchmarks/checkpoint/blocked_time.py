@@ -35,10 +35,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recovery"))
-
-from hostcopy import disk_rate  # noqa: E402  (benchmarks/recovery)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _lib
+from _lib.host import disk_rate  # noqa: E402
 
 from nvtrain.config.schema import Checkpoint  # noqa: E402
 from nvtrain.events import EventLog, read_events  # noqa: E402

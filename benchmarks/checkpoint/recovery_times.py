@@ -14,7 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _lib
+import _lib  # noqa: E402, F401  (this tree's src first on the path)
+
 from nvtrain.errors import UsageError  # noqa: E402
 from nvtrain.events.records import CheckpointRestored, Event, FaultInjected, RestartBegin, Step  # noqa: E402
 from nvtrain.runlog import read_log  # noqa: E402

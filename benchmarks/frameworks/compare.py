@@ -16,20 +16,18 @@ Needs transformers and lightning for the hf and lightning scripts.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import json
 import os
 import re
 import shutil
-import signal
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _lib
+from _lib import cli, procs, stats  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS = {"ddp": "ddp_train.py", "hf": "hf_train.py", "lightning": "lightning_train.py"}
@@ -39,21 +37,12 @@ LINE = re.compile(r"BENCH (STEP|FAULT|MAIN) (\d+) (\d+\.\d+)")
 
 def argv_for(arm: str, script: Path, nproc: int, args: list[str]) -> list[str]:
     if arm == "torchrun":
-        head = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-        return [*head, "--max-restarts=1", str(script), *args]
+        return procs.torchrun_argv(nproc, "--max-restarts=1", str(script), *args, standalone=True)
     # The "nvtrain" arm is the default path (warm); "nvtrain-cold" opts out.
     policy = ["--no-warm-start"] if arm == "nvtrain-cold" else []
-    return [
-        sys.executable,
-        "-m",
-        "nvtrain",
-        "run",
-        *policy,
-        f"--nproc-per-node={nproc}",
-        "--max-restarts=1",
-        str(script),
-        *args,
-    ]
+    return procs.nvtrain_argv(
+        "run", *policy, f"--nproc-per-node={nproc}", "--max-restarts=1", str(script), *args
+    )
 
 
 def one_run(
@@ -71,25 +60,12 @@ def one_run(
     # torchrun's shared rendezvous store breaks a restarted gloo group here (benchmarks/recovery/
     # sigkill.py says why); every arm gets the same setting.
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    started = time.time()
-    proc = subprocess.Popen(
-        argv_for(arm, HERE / SCRIPTS[name], nproc, args),
-        cwd=work,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+    finished = procs.run_job(
+        argv_for(arm, HERE / SCRIPTS[name], nproc, args), work / "output.txt", timeout, env=env, cwd=work
     )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    wall = time.time() - started
+    procs.kill_group(finished.pid)  # what is left of the launcher's group
+    started, wall = finished.start, time.time() - finished.start
+    out = (work / "output.txt").read_text(encoding="utf-8", errors="replace")
     fault_t = None
     steps_after: list[tuple[int, float]] = []
     first_step = main_after = None
@@ -108,7 +84,7 @@ def one_run(
     result: dict[str, Any] = {
         "arm": arm,
         "script": name,
-        "exit_code": proc.returncode,
+        "exit_code": finished.exit_code,
         "wall_s": round(wall, 3),
         "first_step_s": None if first_step is None else round(first_step - started, 3),
         "recovery_s": None if fault_t is None or not steps_after else round(steps_after[0][1] - fault_t, 3),
@@ -125,9 +101,7 @@ def one_run(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = cli.parser(__doc__, part="all")
     parser.add_argument("--scripts", default="ddp,hf,lightning")
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--steps", type=int, default=40)
@@ -160,32 +134,22 @@ def main() -> None:
                 for r in runs
                 if r["script"] == name and r["arm"] == arm and r["first_step_s"] is not None
             ]
-            median = statistics.median(values) if values else None
+            median = stats.median(values)
             if arm == "torchrun":
                 base = median
             summary[f"{name}/{arm}"] = {
                 "recovery_s": values,
                 "median_s": median,
-                "ratio_to_torchrun": None if median is None or not base else round(median / base, 2),
-                "first_step_median_s": statistics.median(starts) if starts else None,
+                "ratio_to_torchrun": stats.ratio(median, base, 2),
+                "first_step_median_s": stats.median(starts),
             }
     for key, row in summary.items():
         print(
             f"{key:24s} recovery median {row['median_s']} s  x{row['ratio_to_torchrun']}  "
             f"{row['recovery_s']}  first step {row['first_step_median_s']} s"
         )
-    if args.json is not None:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "args": vars(args) | {"json": str(args.json), "keep": str(args.keep)},
-                    "runs": runs,
-                    "summary": summary,
-                },
-                indent=1,
-            ),
-            encoding="utf-8",
-        )
+    options = vars(args) | {"json": str(args.json), "keep": str(args.keep)}
+    cli.write_json(args.json, {"args": options, "runs": runs, "summary": summary}, indent=1)
 
 
 if __name__ == "__main__":

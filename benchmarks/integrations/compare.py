@@ -26,11 +26,9 @@ goodput = final step x median step time / wall time from launch to exit.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -38,6 +36,10 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _lib
+from _lib import cli, procs  # noqa: E402
+from _lib.runs import run_events  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "bench_train.py"
@@ -127,18 +129,12 @@ def one_run(args: argparse.Namespace, framework: str, arm: str) -> dict[str, Any
         (work / "marks").mkdir()
         env |= {"BENCH_FAULTS": args.faults, "BENCH_FAULT_DIR": str(work / "marks")}
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # as benchmarks/frameworks/compare.py
-        argv = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={args.nproc}",
-        ]
-        argv += ["--max-restarts=3", str(SCRIPT), *script_args(args, framework, "plain", work)]
+        plain = script_args(args, framework, "plain", work)
+        argv = procs.torchrun_argv(args.nproc, "--max-restarts=3", str(SCRIPT), *plain, standalone=True)
     else:
         policy = work / "policy.toml"
         policy.write_text(policy_text(args, framework, work, faults), encoding="utf-8")
-        argv = [sys.executable, "-m", "nvtrain", "run", str(policy), "--run-id", f"bench-{framework}"]
+        argv = procs.nvtrain_run_argv(policy, f"bench-{framework}")
     started = time.time()
     out_path = work / "output.txt"
     with out_path.open("w") as out:
@@ -153,13 +149,7 @@ def one_run(args: argparse.Namespace, framework: str, arm: str) -> dict[str, Any
             overdue = time.time() - started > args.timeout
             if (arm == "torchrun" and hung and time.time() - hung[0] > args.hang_wait) or overdue:
                 stop_t = time.time()  # the run's end for goodput: not the time it takes to stop
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                procs.stop_group(proc, grace=30)
                 stopped = True
     ended = stop_t if stopped else time.time()
     text = out_path.read_text(errors="replace")
@@ -180,10 +170,7 @@ def one_run(args: argparse.Namespace, framework: str, arm: str) -> dict[str, Any
 
 def nvtrain_events(run_dir: Path) -> tuple[list[tuple[str, int, float]], list[float]]:
     """Rank 0's injected faults and save blocking times, from the run's events log."""
-    from nvtrain.events import read_events
-    from nvtrain.runlog import pod_files
-
-    events = [e.as_dict() for file in pod_files(run_dir) for e in read_events(file)]
+    events = [e.as_dict() for e in run_events(run_dir)]
     fired = [
         (str(e["kind"]), int(e["step"]), float(e["ts"]))
         for e in events
@@ -234,9 +221,7 @@ def summarise(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = cli.parser(__doc__, part="all")
     parser.add_argument("--frameworks", default="hf,lightning,accelerate")
     parser.add_argument("--arms", default="torchrun,nvtrain")
     parser.add_argument("--nproc", type=int, default=8)
@@ -271,9 +256,8 @@ def main() -> None:
             f"{r['blocked_s_median']} s (events {r.get('blocked_s_events_median')})  "
             f"goodput {r['goodput']}  steps {r['final_step']}/{args.steps} in {r['wall_s']} s"
         )
-    if args.json is not None:
-        options = vars(args) | {"json": str(args.json), "keep": str(args.keep)}
-        args.json.write_text(json.dumps({"args": options, "runs": runs}, indent=1), encoding="utf-8")
+    options = vars(args) | {"json": str(args.json), "keep": str(args.keep)}
+    cli.write_json(args.json, {"args": options, "runs": runs}, indent=1)
 
 
 if __name__ == "__main__":

@@ -14,11 +14,9 @@ start-up and shut-down. Medians per arm and the ratio new / old.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,14 +24,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-NEW = Path(__file__).resolve().parents[2] / "src"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _lib
+from _lib import SRC as NEW  # noqa: E402
+from _lib import cli, procs, stats  # noqa: E402
+from _lib.runs import report_json  # noqa: E402
 
 
 def run_once(src: Path, policy: Path | None, nvrx: str | None, timeout: float) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="nvtrain-defaults-"))
     path = [str(src), *([nvrx] if nvrx else [])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "TMPDIR": str(work)}
-    argv = [sys.executable, "-m", "nvtrain", "run", "--run-id", "defaults"]
+    argv = procs.nvtrain_argv("run", "--run-id", "defaults")
     if policy is not None:
         text = policy.read_text(encoding="utf-8").replace("/tmp/nvtrain-demo/checkpoints", str(work / "ckpt"))
         (work / "policy.toml").write_text(text, encoding="utf-8")
@@ -46,20 +47,12 @@ def run_once(src: Path, policy: Path | None, nvrx: str | None, timeout: float) -
     )
     wall = time.monotonic() - started
     run_dir = (work / "ckpt" if policy is not None else Path("/tmp/nvtrain-demo/checkpoints")) / "defaults"
-    report = subprocess.run(
-        [sys.executable, "-m", "nvtrain", "report", str(run_dir), "--json"],
-        env={**os.environ, "PYTHONPATH": str(NEW)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    data = report_json(run_dir, env={**os.environ, "PYTHONPATH": str(NEW)}, timeout=120)
     shutil.rmtree(work, ignore_errors=True)
     result: dict[str, Any] = {"exit_code": done.returncode, "wall_s": round(wall, 3)}
-    if report.returncode != 0:
-        result["error"] = report.stderr[-500:] or done.stderr[-2000:]
+    if "error" in data:
+        result["error"] = data["error"] or done.stderr[-2000:]
         return result
-    data = json.loads(report.stdout)
     result["time_s"] = data["time_s"]
     result["incidents"] = [
         {
@@ -74,10 +67,6 @@ def run_once(src: Path, policy: Path | None, nvrx: str | None, timeout: float) -
     return result
 
 
-def _median(values: list[float]) -> float | None:
-    return round(statistics.median(values), 3) if values else None
-
-
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     table: dict[str, Any] = {}
     for arm, results in runs.items():
@@ -85,15 +74,13 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         causes = sorted({i["cause"] for r in results for i in r.get("incidents", [])})
         for cause in causes:
             incidents = [i for r in results for i in r.get("incidents", []) if i["cause"] == cause]
-            row[cause] = {
-                "recovery_s": _median([i["recovery_s"] for i in incidents if i["recovery_s"] is not None])
-            }
+            row[cause] = {"recovery_s": stats.median([i["recovery_s"] for i in incidents], 3)}
             for phase in ("detection", "teardown", "rendezvous", "start", "restore", "first_step"):
                 values = [i["phases_s"][phase] for i in incidents if i["phases_s"].get(phase) is not None]
-                row[cause][phase] = _median(values)
+                row[cause][phase] = stats.median(values, 3)
         for part in ("startup", "shutdown", "total"):
-            row[part] = _median(
-                [r["time_s"][part] for r in results if "time_s" in r and r["time_s"].get(part)]
+            row[part] = stats.median(
+                [r["time_s"][part] for r in results if "time_s" in r and r["time_s"].get(part)], 3
             )
         row["exit_codes"] = [r["exit_code"] for r in results]
         table[arm] = row
@@ -101,9 +88,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = cli.parser(__doc__, part="all")
     parser.add_argument("--old", type=Path, required=True, help="the other build's src folder")
     parser.add_argument("--policy", type=Path, help="a policy file (default: the built-in demo)")
     parser.add_argument("--nvrx", help="a folder with another NVRx, put ahead of the venv's")
@@ -121,13 +106,7 @@ def main() -> None:
             print(json.dumps({"arm": arm, **result}), flush=True)
     table = summarize(runs)
     print(json.dumps(table, indent=1))
-    if args.json is not None:
-        args.json.write_text(
-            json.dumps(
-                {"args": {k: str(v) for k, v in vars(args).items()}, "runs": runs, "summary": table}, indent=1
-            ),
-            encoding="utf-8",
-        )
+    cli.write_json(args.json, {"args": cli.args_record(args), "runs": runs, "summary": table}, indent=1)
 
 
 if __name__ == "__main__":

@@ -6,9 +6,9 @@
 #   bash benchmarks/recovery/gpu_defaults.sh frameworks # DDP, HF Trainer, Lightning scripts: torchrun vs nvtrain run
 #   bash benchmarks/recovery/gpu_defaults.sh sigkill    # benchmarks/recovery/sigkill.py, monitor interval 0.1 s
 #   bash benchmarks/recovery/gpu_defaults.sh restore    # hostcopy_restore.py into GPU memory, 4 GB
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/gpu-defaults}; mkdir -p "$OUT"
+. "$(dirname "$0")/../gpu_env.sh"
+gpu_env || exit 1
+out_dir /tmp/gpu-defaults
 for part in "$@"; do
   case $part in
     demo)

@@ -5,9 +5,9 @@
 #     background write rate against the disk's; (2) SIGKILL -> next step of the demo with
 #     --width 4096, restored from the host copy vs from storage, arms alternating.
 #   bash benchmarks/recovery/gpu_hostcopy.sh   (writes into $OUT)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/gpu-hostcopy}; mkdir -p "$OUT"
+. "$(dirname "$0")/../gpu_env.sh"
+gpu_env || exit 1
+out_dir /tmp/gpu-hostcopy
 df -h /dev/shm /tmp | tail -2; free -g | head -2
 shm=/dev/shm
 avail=$(df --output=avail -B1G /dev/shm | tail -1)

@@ -7,9 +7,8 @@
 set -u
 out=$1; wheels=$2; repeats=${3:-2}
 mkdir -p "$out"
-. "$(dirname "$0")/nvrx_site.sh"
-nvrx_site "$wheels" "$wheels" || exit 1
-export PYTHONPATH=$site:$PWD/src PATH=$site/bin:$PATH PYTHONUNBUFFERED=1
+. "$(dirname "$0")/../gpu_env.sh"
+gpu_env "$wheels" || exit 1
 echo "== NVRx $version, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 python3 benchmarks/recovery/side_by_side.py --nproc 1 --backend nccl --demo-args "--width 4096" \
   --arms in-process@1s,in-process@100ms --modes async --kinds exception,exception,hang \

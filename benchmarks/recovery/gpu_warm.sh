@@ -4,9 +4,9 @@
 #   bash benchmarks/recovery/gpu_warm.sh sigkill    # a plain torchrun script: nvtrain, warm, torchrun
 #   bash benchmarks/recovery/gpu_warm.sh demo4gb    # the 4 GB demo: warm vs storage ($FAULTS, $STEPS)
 # (NVRx and its needs carried as wheels in .whl/; results into $OUT.)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/gpu-warm}; mkdir -p "$OUT"
+. "$(dirname "$0")/../gpu_env.sh"
+gpu_env || exit 1
+out_dir /tmp/gpu-warm
 for part in "$@"; do
   case $part in
     demo4096)

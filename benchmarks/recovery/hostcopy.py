@@ -24,9 +24,6 @@ same run (`--disk-gb` GB written and fsynced into the checkpoint folder before t
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import statistics
 import sys
 import time
@@ -34,38 +31,21 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-from side_by_side import free_port, policy_text, report, run_nvtrain  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _lib
+from _lib import cli, procs, stats  # noqa: E402
+from _lib.host import disk_rate  # noqa: E402
+from _lib.runs import report_json, run_events  # noqa: E402
+from side_by_side import policy_text, run_nvtrain  # noqa: E402
 
-from nvtrain.events import read_events  # noqa: E402
 from nvtrain.events.records import CheckpointCommitted, CheckpointRestored, CheckpointStaged  # noqa: E402
 from nvtrain.launcher.process import become_subreaper, kill_all  # noqa: E402
-from nvtrain.runlog import pod_files  # noqa: E402
 
 PHASES = ("detection", "teardown", "rendezvous", "start", "restore", "first_step")
 
 
-def disk_rate(folder: Path, gigabytes: float) -> float:
-    """Sequential write rate (GB/s) of ``folder``'s disk: ``gigabytes`` in 64 MiB writes, fsync."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / ".disk-rate"
-    block = os.urandom(64 << 20)
-    count = max(1, round(gigabytes * 1e9 / len(block)))
-    t0 = time.monotonic()
-    with path.open("wb") as handle:
-        for _ in range(count):
-            handle.write(block)
-        handle.flush()
-        os.fsync(handle.fileno())
-    seconds = time.monotonic() - t0
-    path.unlink()
-    return count * len(block) / seconds / 1e9
-
-
 def saves(run_dir: Path) -> dict[str, Any]:
     """Blocked time of the first save and the later ones; background write rates."""
-    # every pod's log, merged in time order
-    events = sorted((e for path in pod_files(run_dir) for e in read_events(path)), key=lambda e: e.ts)
+    events = run_events(run_dir)  # every pod's log, merged in time order
     staged = [e for e in events if isinstance(e, CheckpointStaged) and e.is_async]
     by_pid: dict[int | None, list[CheckpointStaged]] = {}
     for e in staged:
@@ -90,9 +70,7 @@ def saves(run_dir: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = cli.parser(__doc__, part="all")
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     parser.add_argument("--demo-args", default="")
@@ -116,15 +94,15 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     ckpt = args.out / "ckpt"
     results: dict[str, Any] = {
-        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "args": {k: str(v) for k, v in vars(args).items()},
+        "started": cli.utc_now(),
+        "args": cli.args_record(args),
         "disk_gb_s": round(disk_rate(ckpt, args.disk_gb), 3),
         "runs": {},
     }
     print(f"checkpoint disk: {results['disk_gb_s']} GB/s sequential write", flush=True)
     for repeat in range(args.repeats):
         for arm in args.arms.split(","):
-            text = policy_text("in-job", "async", args, ckpt, free_port())
+            text = policy_text("in-job", "async", args, ckpt, procs.free_port())
             memory_dir = "" if arm == "storage" else args.memory_dir
             text = text.replace("keep = 2\n", f'keep = 2\nmemory_dir = "{memory_dir}"\n', 1)
             if arm == "warm":
@@ -136,7 +114,7 @@ def main() -> None:
             code = run_nvtrain(policy, run_id, args.out / f"{arm}-{repeat}.log", args.timeout)
             wall = time.monotonic() - t0
             leftovers = kill_all(timeout=0.0)
-            rep = report(ckpt / run_id)
+            rep = report_json(ckpt / run_id)
             incidents = [
                 {
                     "recovery_s": i.get("recovery_s"),
@@ -155,8 +133,7 @@ def main() -> None:
                 "saves": saves(ckpt / run_id),
             }
             print(f"{arm}#{repeat + 1}: exit {code}, {wall:.1f} s, incidents {incidents}", flush=True)
-            if args.json:
-                args.json.write_text(json.dumps(results, indent=2))
+            cli.write_json(args.json, results)
     print(summary(results))
 
 
@@ -176,8 +153,7 @@ def summary(results: dict[str, Any]) -> str:
         inc = [i for r in runs for i in r["incidents"] if i["recovery_s"] is not None]
 
         def med(values: list[Any]) -> str:
-            found = [v for v in values if v is not None]
-            return f"{statistics.median(found):.2f}" if found else "-"
+            return stats.fmt(stats.median(values), missing="-")
 
         sources = sorted({str(i["restore_source"]) for i in inc})
         medians[arm] = statistics.median([i["recovery_s"] for i in inc]) if inc else None

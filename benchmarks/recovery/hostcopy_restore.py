@@ -46,10 +46,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _lib
 import blake3  # noqa: E402
 import torch  # noqa: E402
+from _lib import cli  # noqa: E402  (and this tree's src first on the path)
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
 
 from nvtrain.private import make_private_dir  # noqa: E402
@@ -356,8 +356,7 @@ def run(args: argparse.Namespace, folder: Path) -> None:
                 found[name].append(first_step(args, folder, key, name == "restored"))
         results["first_step"] = found
         print(first_step_summary(found))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+    cli.write_json(args.json, results)
 
 
 def summary(results: dict[str, Any]) -> str:

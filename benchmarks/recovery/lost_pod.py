@@ -1,7 +1,7 @@
 """A lost pod restored from the copies another pod keeps, against storage (issue 16, CPU).
 
 2 pods x 2 ranks on one machine: network namespaces with their own ``/dev/shm``, a real dnsmasq,
-``nvtrain run`` + ft_launcher, gloo (``tests/multinode/netns_pods.py``); the CPU demo with
+``nvtrain run`` + ft_launcher, gloo (``tests/launcher/multinode/netns_pods.py``); the CPU demo with
 ``--width W`` (FSDP2 over the 4 ranks). Per repeat, arms in turn:
 
 - ``peer``: ``[checkpoint] peer_copy = true``; ``storage``: ``peer_copy = false`` (the same job).
@@ -30,21 +30,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "multinode"))
-sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _lib
+from _lib import REPO  # noqa: E402
+from _lib.runs import run_events as read_events  # noqa: E402
+
+sys.path.insert(0, str(REPO / "tests" / "launcher" / "multinode"))
 from netns_pods import Cluster, environment_problem, policy_toml  # noqa: E402
 
-from nvtrain.events import read_events as events_in  # noqa: E402
 from nvtrain.events.records import (  # noqa: E402
     CheckpointCommitted,
     CheckpointReplicated,
     CheckpointRestored,
     CheckpointStaged,
-    Event,
     Step,
 )
-from nvtrain.runlog import pod_files  # noqa: E402
 
 NODES, NPROC = 2, 2
 
@@ -69,12 +68,6 @@ def policy(cluster: Cluster, path: Path, checkpoints: Path, args: argparse.Names
     text += f'\n[[faults]]\nstep = {args.saved}\nrank = 0\nkind = "hang"\n'
     path.write_text(text)
     return path
-
-
-def read_events(run_dir: Path) -> list[Event]:
-    """Every pod's events in ``run_dir`` (``events-node<N>.jsonl``), merged in time order; []
-    before any was written."""
-    return sorted((e for path in pod_files(run_dir) for e in events_in(path)), key=lambda e: e.ts)
 
 
 def one_run(workdir: Path, args: argparse.Namespace, arm: str, repeat: int) -> dict[str, Any]:

@@ -8,9 +8,8 @@
 set -u
 out=$1; wheels=$2; soak_s=${3:-100}
 mkdir -p "$out"
-. "$(dirname "$0")/nvrx_site.sh"
-nvrx_site "$wheels" "$wheels" || exit 1
-export PYTHONPATH=$site:$PWD/src PATH=$site/bin:$PATH PYTHONUNBUFFERED=1
+. "$(dirname "$0")/../gpu_env.sh"
+gpu_env "$wheels" || exit 1
 echo "== NVRx $version, Python $(python3 -c 'import sys; print(sys.version.split()[0])'), $(nproc) CPUs, $(date -u +%FT%TZ)"
 python3 benchmarks/recovery/one_gpu_two_ranks.py 2>&1 | grep -v Warning | tee "$out/one_gpu_two_ranks.txt"
 # The rest runs on the CPUs: hide the GPU, or each rank takes cuda:<local rank> (context.py).
@@ -23,7 +22,7 @@ soak=$!
 timeout 400 python3 -m pytest -q -p no:cacheprovider -p no:benchmark -n 6 --dist loadfile -m slow --durations=15 \
   tests/worker/test_fault_matrix.py tests/worker/test_recovery.py tests/worker/test_inprocess_hang.py \
   tests/worker/test_stop_during_save.py tests/worker/test_reuse.py tests/worker/test_killed_writer.py \
-  tests/process/test_run_faults.py tests/process/test_run_root_cause.py tests/process/test_run_outcomes.py \
-  tests/process/test_nvrx_clients.py tests/process/test_launcher_orphans.py > "$out/pytest.log" 2>&1
+  tests/launcher/test_run_faults.py tests/launcher/test_run_root_cause.py tests/launcher/test_run_outcomes.py \
+  tests/launcher/test_nvrx_clients.py tests/launcher/test_launcher_orphans.py > "$out/pytest.log" 2>&1
 echo "tests exit $?"; grep -E "passed|failed|^FAILED|^ERROR" "$out/pytest.log" | tail -15
 wait "$soak"; echo "soak exit $?"; tail -25 "$out/soak.log"

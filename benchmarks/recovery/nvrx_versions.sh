@@ -9,13 +9,13 @@ set -u
 out=$1; shift
 mkdir -p "$out"
 common=$1
-. "$(dirname "$0")/nvrx_site.sh"
+. "$(dirname "$0")/../gpu_env.sh"
 for dir in "$@"; do
   nvrx_site "$common" "$dir" || exit 1
+  use_site
   echo "== NVRx $version"
-  PYTHONPATH=$site:$PWD/src PATH=$site/bin:$PATH PYTHONUNBUFFERED=1 \
-    python3 benchmarks/recovery/side_by_side.py --nproc "${NPROC:-2}" --backend nccl --demo-args "--width 4096" \
-      --arms in-process --modes async --kinds "${KINDS:-exception,collective_hang,hang,sigkill,exception}" \
-      --timeout 200 --out "/tmp/nvrx-$version" --json "$out/nvrx-$version.json"
+  python3 benchmarks/recovery/side_by_side.py --nproc "${NPROC:-2}" --backend nccl --demo-args "--width 4096" \
+    --arms in-process --modes async --kinds "${KINDS:-exception,collective_hang,hang,sigkill,exception}" \
+    --timeout 200 --out "/tmp/nvrx-$version" --json "$out/nvrx-$version.json"
   tar czf "$out/nvrx-$version-logs.tgz" -C "/tmp/nvrx-$version" --exclude ckpt/*/step-* . 2>/dev/null
 done

@@ -46,10 +46,11 @@ from typing import Any
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-from nvtrain.events import read_events as events_in  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _lib
+from _lib.procs import free_port  # noqa: E402
+from _lib.runs import run_events as read_events  # noqa: E402
+
 from nvtrain.events.records import CheckpointRestored, DnsWait, Event, LauncherStarted, Step  # noqa: E402
-from nvtrain.runlog import pod_files  # noqa: E402
 
 JOB, DOMAIN = "pod0loss", "nvtrain.test"
 CONTROL = "control"
@@ -61,12 +62,6 @@ _DROPPED += ("MASTER_", "JOB_COMPLETION_INDEX", "POD_IP", "HOSTNAME")
 
 def pod_name(index: int | str) -> str:
     return f"{JOB}-{index}.{JOB}.default.svc.{DOMAIN}"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def policy_toml(args: argparse.Namespace, ckpt: Path) -> str:
@@ -187,12 +182,6 @@ class Pod:
 
     def tail(self, lines: int) -> list[str]:
         return self.log.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
-
-
-def read_events(run_dir: Path) -> list[Event]:
-    """Every pod's events in ``run_dir`` (``events-node<N>.jsonl``), merged in time order; []
-    before any was written."""
-    return sorted((e for path in pod_files(run_dir) for e in events_in(path)), key=lambda e: e.ts)
 
 
 def last_step(events: list[Event]) -> int:

@@ -9,14 +9,14 @@ set -u
 out=$1; shift
 mkdir -p "$out"
 common=$1
-. "$(dirname "$0")/nvrx_site.sh"
+. "$(dirname "$0")/../gpu_env.sh"
 for dir in "$@"; do
   nvrx_site "$common" "$dir" || exit 1
+  use_site
   for store in ${STORES:-pod0 control}; do
     echo "== NVRx $version, store = $store"
-    PYTHONPATH=$site:$PWD/src PATH=$site/bin:$PATH PYTHONUNBUFFERED=1 \
-      python3 benchmarks/recovery/pod0_loss.py --write-hosts --store "$store" --timeout "${PHASE_TIMEOUT:-150}" \
-        --out "/tmp/p0-$version-$store" --json "$out/pod0-loss-$version-$store.json" 2>&1 | tail -40
+    python3 benchmarks/recovery/pod0_loss.py --write-hosts --store "$store" --timeout "${PHASE_TIMEOUT:-150}" \
+      --out "/tmp/p0-$version-$store" --json "$out/pod0-loss-$version-$store.json" 2>&1 | tail -40
     tar czf "$out/pod0-loss-$version-$store-logs.tgz" -C "/tmp/p0-$version-$store" --exclude 'ckpt/*/step-*' . 2>/dev/null
   done
 done

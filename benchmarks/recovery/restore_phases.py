@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _lib
+import _lib  # noqa: E402, F401  (this tree's src first on the path)
 
 
 def child(args: argparse.Namespace, port: int) -> dict[str, float]:

@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,17 +31,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _lib
+from _lib import cli, procs, runs, stats  # noqa: E402
+from _lib.policy import fault_tables  # noqa: E402
+from _lib.procs import free_port  # noqa: E402
+
 from nvtrain.launcher.process import become_subreaper, kill_all  # noqa: E402
 
 KINDS = ["exception", "hang", "sigkill", "exception", "sigkill"]
 LIVENESS: list[float] = [0.0]  # --liveness, seconds; 0: the policy's heartbeat timeout
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def policy_text(arm: str, mode: str, args: argparse.Namespace, ckpt: Path, port: int) -> str:
@@ -52,10 +48,8 @@ def policy_text(arm: str, mode: str, args: argparse.Namespace, ckpt: Path, port:
     for i in range(args.faults):
         # mid-interval, so each fault loses about half an interval of work
         offset = args.interval // 2 if args.fault_offset is None else args.fault_offset
-        step = gap * (i + 1) + offset
         kinds = args.kinds.split(",")
-        rank, kind = (i + 1) % args.nproc, kinds[i % len(kinds)]
-        faults.append(f'[[faults]]\nstep = {step}\nrank = {rank}\nkind = "{kind}"\n')
+        faults.append((gap * (i + 1) + offset, (i + 1) % args.nproc, kinds[i % len(kinds)]))
     base, _, window = arm.partition("@")  # "in-process@100ms": that [restart.in_process] failure_window
     in_process = "true" if base == "in-process" else "false"
     window_line = f'failure_window = "{window}"\n' if window else ""
@@ -95,22 +89,11 @@ keep = 2
 async = {"true" if mode == "async" else "false"}
 finish_in_flight = {args.finish_in_flight}
 
-""" + "\n".join(faults)
+""" + fault_tables(faults)
 
 
 def run_nvtrain(policy: Path, run_id: str, log: Path, timeout: float) -> int:
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "nvtrain", "run", str(policy), "--run-id", run_id],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            return proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            return -9
+    return procs.run_job(procs.nvtrain_run_argv(policy, run_id), log, timeout).exit_code
 
 
 def run_pod_restarts(policy_path: Path, run_id: str, log: Path, timeout: float) -> int:
@@ -155,10 +138,7 @@ def run_pod_restarts(policy_path: Path, run_id: str, log: Path, timeout: float) 
                 argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
             code = _wait_alive(proc, events, deadline, liveness, policy.heartbeat.initial_timeout)
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the whole "pod" goes, nothing survives:
-            except ProcessLookupError:
-                pass
+            procs.kill_group(proc.pid)  # the whole "pod" goes, nothing survives:
             kill_all(timeout=0.0)  # also the workers torchrun started in sessions of their own
             if code == 0 or time.monotonic() >= deadline or restarts >= policy.restart.in_job.max_restarts:
                 events.emit(LauncherExit(exit_code=code, cause="pod-restart baseline ended"))
@@ -181,7 +161,7 @@ def _wait_alive(
         if code is not None:
             return code
         if time.monotonic() >= deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
+            procs.kill_group(proc.pid)
             return -9
         try:
             touched = events.path.stat().st_mtime
@@ -190,29 +170,13 @@ def _wait_alive(
         quiet = time.time() - max(touched, started)
         if quiet > (liveness if touched > started else initial):
             events.emit(HangDetected(extra={"detector": "liveness probe", "quiet_s": round(quiet, 2)}))
-            os.killpg(proc.pid, signal.SIGKILL)
+            procs.kill_group(proc.pid)
             return -9
         time.sleep(0.2)
 
 
 def report(run_dir: Path) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-m", "nvtrain", "report", str(run_dir), "--json"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if out.returncode != 0:
-        return {"error": out.stderr.strip()[-500:]}
-    return dict(json.loads(out.stdout))
-
-
-def _dist(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    if not ordered:
-        return {}
-    p95 = ordered[min(len(ordered) - 1, max(0, round(0.95 * len(ordered)) - 1))]
-    return {"median": statistics.median(ordered), "p95": p95, "max": ordered[-1]}
+    return runs.report_json(run_dir)
 
 
 def table(results: dict[str, Any]) -> str:
@@ -234,7 +198,7 @@ def table(results: dict[str, Any]) -> str:
             )
             continue
         rec = [i["recovery_s"] for i in rep["incidents"] if i.get("recovery_s") is not None]
-        d = _dist(rec)
+        d = stats.dist(rec)
         pooled.setdefault(f"{arm}/{mode}", []).extend(rec)
         layers = ", ".join(f"{n} {v}" for n, v in sorted(rep["restarts"]["by_layer"].items()))
         rows.append(
@@ -258,7 +222,7 @@ def table(results: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--faults", type=int, default=5)
     parser.add_argument("--interval", type=int, default=10)
@@ -317,8 +281,8 @@ def main() -> None:
     become_subreaper()  # orphans of a killed "pod" become ours, so kill_all reaches them
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {
-        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "args": {k: str(v) for k, v in vars(args).items()},
+        "started": cli.utc_now(),
+        "args": cli.args_record(args),
         "runs": {},
     }
     for repeat in range(args.repeats):
@@ -347,10 +311,9 @@ def main() -> None:
                     "report": rep,
                 }
                 print(f"{key}: exit {code}, {wall:.1f} s, {len(leftovers)} leftover processes", flush=True)
-                if args.json:  # after every run, so a run cut short still leaves its results
-                    args.json.write_text(json.dumps(results, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+                # after every run, so a run cut short still leaves its results
+                cli.write_json(args.json, results)
+    cli.write_json(args.json, results)
     print(
         json.dumps({k: {"exit": v["exit_code"], "wall_s": v["wall_s"]} for k, v in results["runs"].items()})
     )

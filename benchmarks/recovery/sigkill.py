@@ -35,20 +35,14 @@ by rank 0. So that both arms work the same way, the driver sets
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
-import importlib.metadata
 import json
-import math
 import os
-import platform
 import re
 import shlex
 import shutil
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,14 +52,17 @@ from typing import Any
 
 import psutil
 
-from nvtrain.events import read_events
-from nvtrain.events.records import LauncherStarted
-from nvtrain.launcher.process import become_subreaper, descendants, kill_all
-from nvtrain.runlog import pod_files
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _lib
+from _lib import cli, host, procs  # noqa: E402
+from _lib.stats import fmt, median, percentile, span  # noqa: E402
+
+from nvtrain.events import read_events  # noqa: E402
+from nvtrain.events.records import LauncherStarted  # noqa: E402
+from nvtrain.launcher.process import become_subreaper, descendants, kill_all  # noqa: E402
+from nvtrain.runlog import pod_files  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "worker.py"
-REPO = HERE.parent.parent
 
 _EVENT = re.compile(
     r"BENCH (?P<kind>start|built|ready|step|fault|done) rank=(?P<rank>\d+) pid=(?P<pid>\d+) "
@@ -82,18 +79,6 @@ def _kill_descendants() -> list[int]:
     pids = [p.pid for p in descendants()]
     kill_all(timeout=0.0)
     return pids
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _tool(name: str, module: str) -> list[str]:
-    """``<dir of sys.executable>/<name>``, else ``python -m <module>``."""
-    path = Path(sys.executable).parent / name
-    return [str(path)] if path.exists() else [sys.executable, "-m", module]
 
 
 # --------------------------------------------------------------------------- one run
@@ -166,24 +151,9 @@ def _marks(text: str, rundir: Path) -> dict[str, float]:
 def execute(run: Run, env: dict[str, str], timeout: float) -> Run:
     """Run one launcher to completion (or ``timeout``), then clean up after it."""
     run.loadavg = os.getloadavg()[0]
-    with run.log.open("wb") as log:
-        run.start = time.time()
-        proc = subprocess.Popen(
-            run.argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            cwd=run.log.parent,
-        )
-        try:
-            run.exit_code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            run.timed_out = True
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            run.exit_code = proc.wait()
-        run.end = time.time()
+    finished = procs.run_job(run.argv, run.log, timeout, env=env, cwd=run.log.parent)
+    run.start, run.end = finished.start, finished.end
+    run.exit_code, run.timed_out = finished.exit_code, finished.timed_out
     psutil.wait_procs(descendants(), timeout=2.0)  # what exits by itself (reaped) is no leftover
     run.leftovers = len(_kill_descendants())
     text = run.log.read_text(errors="replace")
@@ -223,20 +193,6 @@ def recoveries(run: Run) -> list[dict[str, Any]]:
         row["resumed_at"] = step["step"] if step else None
         out.append(row)
     return out
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (with few samples, p95 is the maximum)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
-
-
-def _fmt(value: float | None, digits: int = 2) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
-
-
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
 
 
 # --------------------------------------------------------------------------- arms
@@ -295,7 +251,7 @@ def recovery_run(arm: str, index: int, root: Path, opts: argparse.Namespace, fau
     rundir = root / f"recovery-{arm}-{index}"
     rundir.mkdir(parents=True)
     wargs = worker_args(rundir / "state", opts.steps, opts.step_time, fault_steps)
-    port = _free_port()
+    port = procs.free_port()
     k = len(fault_steps)
     if arm.startswith("nvtrain"):
         policy = rundir / "policy.toml"
@@ -307,10 +263,10 @@ def recovery_run(arm: str, index: int, root: Path, opts: argparse.Namespace, fau
             monitor=opts.monitor_interval,
             warm=False if arm == "nvtrain-cold" else None,
         )
-        argv = [*_tool("nvtrain", "nvtrain"), "run", str(policy)]
+        argv = [*procs.tool("nvtrain", "nvtrain"), "run", str(policy)]
     else:
         argv = [
-            *_tool("torchrun", "torch.distributed.run"),
+            *procs.tool("torchrun", "torch.distributed.run"),
             "--nproc-per-node=2",
             f"--max-restarts={k}",
             f"--monitor-interval={opts.monitor_interval:g}",
@@ -327,8 +283,8 @@ def startup_run(arm: str, index: int, root: Path, opts: argparse.Namespace) -> R
     rundir.mkdir(parents=True)
     wargs = worker_args(rundir / "state", opts.startup_steps, opts.step_time, [])
     policy = rundir / "policy.toml"
-    write_policy(policy, port=_free_port(), worker_args=wargs, faults=1, monitor=opts.monitor_interval)
-    nvtrain = [*_tool("nvtrain", "nvtrain"), "run"]
+    write_policy(policy, port=procs.free_port(), worker_args=wargs, faults=1, monitor=opts.monitor_interval)
+    nvtrain = [*procs.tool("nvtrain", "nvtrain"), "run"]
     env = opts.env
     if arm == "nvtrain":
         argv = [*nvtrain, str(policy)]
@@ -346,54 +302,19 @@ def startup_run(arm: str, index: int, root: Path, opts: argparse.Namespace) -> R
             ).stdout
         )
         (rundir / "plan.json").write_text(json.dumps(plan, indent=2))
-        argv = list(plan["argv"])
+        # The plan names NVRx's config file in the state folder `nvtrain run` would make; a
+        # dry run makes none, so the arm writes the same file (from the same policy) itself.
+        from nvtrain.config import load_policy
+        from nvtrain.launcher.plan import ft_config_text
+
+        config = rundir / "ft_config.yaml"
+        config.write_text(ft_config_text(load_policy(policy).heartbeat), encoding="utf-8")
+        argv = [f"--ft-cfg-path={config}" if a.startswith("--ft-cfg-path=") else a for a in plan["argv"]]
         env = {**env, **plan["env"]}
     return execute(Run(arm, index, argv, rundir / "log.txt"), env, opts.timeout)
 
 
 # --------------------------------------------------------------------------- report
-
-
-def machine() -> dict[str, Any]:
-    cpu = platform.processor()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-
-    def version(dist: str) -> str | None:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
-    git = None
-    with contextlib.suppress(OSError, subprocess.CalledProcessError):
-        head = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no", "src"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        git = head + (" (src modified)" if dirty else "")
-    return {
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "nproc": os.cpu_count(),
-        "cpu": cpu,
-        "python": platform.python_version(),
-        "torch": version("torch"),
-        "nvidia-resiliency-ext": version("nvidia-resiliency-ext"),
-        "nvtrain": version("nvtrain"),
-        "nvtrain_git": git,
-        "loadavg_start": os.getloadavg(),
-    }
 
 
 def recovery_report(runs: list[Run], arms: list[str], fault_steps: list[int], steps: int) -> tuple[str, dict]:
@@ -420,11 +341,11 @@ def recovery_report(runs: list[Run], arms: list[str], fault_steps: list[int], st
             "faults_fired": fired,
             "faults_expected": len(fault_steps) * len(mine),
             "recovery_s": rec,
-            "median_s": _median(rec),
+            "median_s": median(rec),
             "p95_s": percentile(rec, 95) if rec else None,
             "max_s": max(rec) if rec else None,
             "phase_median_s": {
-                key: _median([v for row in rows if (v := row[key]) is not None]) for key, _ in PHASES
+                key: median([v for row in rows if (v := row[key]) is not None]) for key, _ in PHASES
             },
             "wall_s": [round(r.end - r.start, 2) for r in mine],
             "leftovers": [r.leftovers for r in mine],
@@ -432,12 +353,12 @@ def recovery_report(runs: list[Run], arms: list[str], fault_steps: list[int], st
             "faults": [{"run": r.index, **row} for r in mine for row in recoveries(r)],
         }
         s = summary[arm]
-        phases = " | ".join(_fmt(s["phase_median_s"][key]) for key, _ in PHASES)
+        phases = " | ".join(fmt(s["phase_median_s"][key]) for key, _ in PHASES)
         lines.append(
             f"| {arm} | {len(mine)} | {', '.join(map(str, s['exit_codes']))} "
             f"| {fired}/{s['faults_expected']} | {'yes' if all(complete) else 'no'} | {sum(s['leftovers'])} "
-            f"| {' '.join(_fmt(v) for v in rec)} | **{_fmt(s['median_s'])}** | {_fmt(s['p95_s'])} "
-            f"| {_fmt(s['max_s'])} | {phases} | {', '.join(f'{w:.1f}' for w in s['wall_s'])} |"
+            f"| {' '.join(fmt(v) for v in rec)} | **{fmt(s['median_s'])}** | {fmt(s['p95_s'])} "
+            f"| {fmt(s['max_s'])} | {phases} | {', '.join(f'{w:.1f}' for w in s['wall_s'])} |"
         )
     lines.append("")
     base = arms[-1]  # torchrun: every other arm is compared with it
@@ -451,8 +372,7 @@ def recovery_report(runs: list[Run], arms: list[str], fault_steps: list[int], st
             ratio = a / b if a is not None and b else None
             summary[("ratio_median" if key == "recovery_s" else f"ratio_median_{key}") + suffix] = ratio
             lines.append(
-                f"- median {label}: {arm} {_fmt(a)} s, {base} {_fmt(b)} s, "
-                f"ratio {arm}/{base} {_fmt(ratio, 3)}"
+                f"- median {label}: {arm} {fmt(a)} s, {base} {fmt(b)} s, ratio {arm}/{base} {fmt(ratio, 3)}"
             )
     lines.append("")
     labels = " | ".join(label for _, label in PHASES)
@@ -460,9 +380,9 @@ def recovery_report(runs: list[Run], arms: list[str], fault_steps: list[int], st
     lines.append("|" + "---|" * (5 + len(PHASES)))
     for r in sorted(runs, key=lambda r: r.start):
         for row in recoveries(r):
-            cells = " | ".join(_fmt(row[key]) for key, _ in PHASES)
+            cells = " | ".join(fmt(row[key]) for key, _ in PHASES)
             lines.append(
-                f"| {r.index} | {r.arm} | {row['step']} | {cells} | {_fmt(row['recovery_s'])} "
+                f"| {r.index} | {r.arm} | {row['step']} | {cells} | {fmt(row['recovery_s'])} "
                 f"| {row['resumed_at']} |"
             )
     lines.append("")
@@ -532,11 +452,8 @@ def startup_report(runs: list[Run], arms: list[str]) -> tuple[str, dict]:
             "all_exit_0": all(r.exit_code == 0 for r in mine),
             "leftovers": [r.leftovers for r in mine],
             "runs": per_run,
-            "median_s": {key: _median(v) for key, v in values.items()},
+            "median_s": {key: median(v) for key, v in values.items()},
         }
-
-        def span(v: list[float]) -> str:
-            return f"{_fmt(_median(v))} ({_fmt(min(v))}–{_fmt(max(v))})" if v else "–"
 
         cells = " | ".join(span(values[key]) for key, _ in columns)
         lines.append(
@@ -556,7 +473,7 @@ def startup_report(runs: list[Run], arms: list[str]) -> tuple[str, dict]:
         p = phases(r)
         lines.append(
             f"| {r.index} | {r.arm} | {r.exit_code}{' (timed out)' if r.timed_out else ''} | {r.loadavg:.2f} "
-            f"| {_fmt(p['to_first_step'])} | {_fmt(p['step_to_end'])} |"
+            f"| {fmt(p['to_first_step'])} | {fmt(p['step_to_end'])} |"
         )
     return "\n".join(lines), summary
 
@@ -565,7 +482,7 @@ def startup_report(runs: list[Run], arms: list[str]) -> tuple[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--faults", type=int, default=5, help="SIGKILLs per run (K)")
     parser.add_argument("--repeats", type=int, default=2, help="recovery runs per arm (R)")
     parser.add_argument("--steps", type=int, default=120, help="steps per recovery run")
@@ -599,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
 
     become_subreaper()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    info = machine()
+    info = host.machine()
     started = time.monotonic()
     recovery: list[Run] = []
     startup: list[Run] = []

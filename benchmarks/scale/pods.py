@@ -2,7 +2,7 @@
 
 Each pod is a network namespace with its own address, hostname and /etc/hosts, and the pods'
 names are served by a real dnsmasq as a headless Service's records
-(``tests/multinode/netns_pods.py``). Every pod runs ``python -m nvtrain run POLICY``: the CPU
+(``tests/launcher/multinode/netns_pods.py``). Every pod runs ``python -m nvtrain run POLICY``: the CPU
 demo (FSDP2 over gloo, 1 rank per pod, async checkpoints every ``--interval`` steps) under
 NVRx's ft_launcher. One run per (pod count, repeat), each on a fresh cluster:
 
@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import importlib.metadata
 import json
 import os
 import platform
@@ -60,9 +59,10 @@ from typing import Any, TypeVar
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "multinode"))
-sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _lib
+from _lib import REPO, host, stats  # noqa: E402
+
+sys.path.insert(0, str(REPO / "tests" / "launcher" / "multinode"))
 from netns_pods import Cluster, Pod, environment_problem, list_namespaces, namespace_pids  # noqa: E402
 
 from nvtrain.events import parse_event  # noqa: E402
@@ -629,8 +629,7 @@ def _interrupt(signum: int, _frame: object) -> None:
 
 
 def median(values: list[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return round(statistics.median(present), 3) if present else None
+    return stats.median(values, 3)
 
 
 def _get(run: dict[str, Any], path: str) -> Any:
@@ -750,39 +749,18 @@ def table(summary: dict[str, Any], counts: list[int]) -> str:
 
 
 def machine(src: Path) -> dict[str, Any]:
-    cpu = platform.processor()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-
-    def version(dist: str) -> str | None:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
-    git = None
-    with contextlib.suppress(OSError, subprocess.CalledProcessError):
-        git = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
     return {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "nproc": os.cpu_count(),
-        "cpu": cpu,
+        "cpu": host.cpu_model(),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "python": platform.python_version(),
-        "torch": version("torch"),
-        "nvidia-resiliency-ext": version("nvidia-resiliency-ext"),
+        "torch": host.version("torch"),
+        "nvidia-resiliency-ext": host.version("nvidia-resiliency-ext"),
         "dnsmasq": subprocess.run(["dnsmasq", "--version"], capture_output=True, text=True).stdout.split(
             "\n"
         )[0],
-        "repo_head": git,
+        "repo_head": host.git_head(mark_dirty=False),
         "nvtrain_src": str(src),
         "loadavg_start": os.getloadavg(),
     }

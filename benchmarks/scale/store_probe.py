@@ -14,7 +14,7 @@ ops         Latency of ``get`` and ``compare_set`` on values of those sizes, one
             default of ``init_process_group``) and the legacy one (what NVRx 0.4.1's rendezvous
             store uses: it passes ``use_libuv`` false unless the rendezvous config sets it).
 ptr         Reverse DNS per store connection: a TCPStore server in one network-namespace pod
-            and clients in another (``tests/multinode/netns_pods.py``, dnsmasq serving PTR
+            and clients in another (``tests/launcher/multinode/netns_pods.py``, dnsmasq serving PTR
             records); counts the PTR queries each side sends for ``--connections`` stores opened
             by one client process, then makes the client's resp. the server's resolver
             unreachable (timeout 1 s, 2 attempts) and times the connections.
@@ -204,7 +204,7 @@ def _run_case(cluster: Any, libuv: bool, count: int, blackhole: str | None, port
 
 
 def reverse_dns(count: int) -> list[dict[str, Any]]:
-    sys.path.insert(0, str(REPO / "tests" / "multinode"))
+    sys.path.insert(0, str(REPO / "tests" / "launcher" / "multinode"))
     from netns_pods import Cluster, environment_problem
 
     problem = environment_problem()
@@ -225,7 +225,7 @@ def reverse_dns(count: int) -> list[dict[str, Any]]:
 
 
 def startup_ptr(pods: int, pairs: int, src: Path) -> list[dict[str, Any]]:
-    sys.path.insert(0, str(REPO / "tests" / "multinode"))
+    sys.path.insert(0, str(REPO / "tests" / "launcher" / "multinode"))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import pods as driver
     from netns_pods import Cluster, environment_problem

@@ -42,6 +42,9 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _lib
+from _lib.runs import report_json, run_events  # noqa: E402
+
 if TYPE_CHECKING:
     from nvtrain.events.records import Event
 
@@ -243,10 +246,7 @@ def read_events(run_dir: Path) -> list[Event]:
     """Every pod's events in the run directory ``run_dir`` (``events-node<N>.jsonl``; an older
     run's ``events.jsonl``), merged in time order; [] when there is none."""
     # nvtrain is imported once main has put SRC first on the path (so is every reader here)
-    from nvtrain.events import read_events as events_in
-    from nvtrain.runlog import pod_files
-
-    return sorted((e for path in pod_files(run_dir) for e in events_in(path)), key=lambda e: e.ts)
+    return run_events(run_dir)
 
 
 class Killer(threading.Thread):
@@ -552,16 +552,7 @@ def check_faults(events: list[Event], planned: list[dict[str, Any]]) -> dict[str
 
 
 def report(run_dir: Path) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, "-m", "nvtrain", "report", str(run_dir), "--json", "--no-timeline"],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=tool_env(),
-    )
-    if done.returncode != 0:
-        return {"error": (done.stderr or done.stdout).strip()[-2000:]}
-    return dict(json.loads(done.stdout))
+    return report_json(run_dir, extra=["--no-timeline"], env=tool_env(), keep=2000)
 
 
 def dist(values: list[float]) -> dict[str, float]:

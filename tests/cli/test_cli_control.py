@@ -2,7 +2,7 @@
 
 The store process itself (NVRx 0.6+ ``nvrx-control``) cannot be installed where CI runs (NVRx
 0.4.1); it was run on NVRx 0.6.0 and 0.7.0 by benchmarks/recovery/pod0_loss.py --store control
-(BENCHMARKS.md, "Losing pod 0"). The argv it gets is pinned in tests/unit/test_plan.py."""
+(BENCHMARKS.md, "Losing pod 0"). The argv it gets is pinned in tests/launcher/test_plan.py."""
 
 from __future__ import annotations
 

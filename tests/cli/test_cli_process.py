@@ -10,7 +10,7 @@ from pathlib import Path
 
 from nvtrain.config.reference import schema_json
 
-POLICIES = Path(__file__).resolve().parent.parent / "policies"
+POLICIES = Path(__file__).resolve().parents[1] / "config" / "policies"
 
 
 def nvtrain(*args: str, columns: int = 80) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,7 @@ from nvtrain.config import validate_file
 from nvtrain.config.paths import resolve_relative
 from nvtrain.nvrx import NvrxVersion
 
-POLICIES = Path(__file__).resolve().parent.parent / "policies"
+POLICIES = Path(__file__).resolve().parents[1] / "config" / "policies"
 MANY = POLICIES / "invalid" / "many_problems.toml"
 WARNINGS = POLICIES / "valid" / "warnings.toml"
 MINIMAL = '[job]\nname = "x"\nscript = "t.py"\n'

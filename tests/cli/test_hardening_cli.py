@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -197,7 +196,8 @@ def test_connections_of_an_earlier_run_in_time_wait_do_not_count() -> None:
         client = socket.create_connection(("127.0.0.1", port))
         accepted, _ = server.accept()
         accepted.close()  # the server side closes first: it enters TIME_WAIT
-    time.sleep(0.05)
+    client.settimeout(30)
+    assert client.recv(1) == b""  # the server's FIN has arrived: it closed first
     client.close()
     with socket.socket() as plain, pytest.raises(OSError):
         plain.bind(("0.0.0.0", port))  # TIME_WAIT is there: a bind without SO_REUSEADDR fails

@@ -3,7 +3,7 @@
 (``config.paths.resolve_relative``), and shows the resolved path; what is read for a pod's
 manifest still needs an absolute path (a volume's ``mountPath``).
 
-The real run with a relative folder: tests/process/test_run_low_items.py."""
+The real run with a relative folder: tests/launcher/test_run_low_items.py."""
 
 from __future__ import annotations
 

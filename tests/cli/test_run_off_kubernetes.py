@@ -4,7 +4,7 @@ metal (``--nnodes``, ``--node-rank``, ``--master-addr``/``--master-port``, ``--r
 ``srun`` sets them; where a job off a pod keeps its checkpoints; paths resolved where ``nvtrain
 run`` started; ``--policy FILE train.py`` with a FILE that names no script.
 
-Real runs across network namespaces: tests/multinode/test_bare_metal.py.
+Real runs across network namespaces: tests/launcher/multinode/test_bare_metal.py.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def test_a_busy_port_given_by_a_flag_is_named_by_that_flag() -> None:
 
 def srun_env(node: int, **extra: str) -> dict[str, str]:
     """`srun -N2 --ntasks-per-node=1` in an allocation of 2 nodes (as a real srun sets them:
-    tests/process/test_real_srun.py)."""
+    tests/launcher/test_real_srun.py)."""
     return {
         "SLURM_JOB_ID": "777",
         "SLURM_JOB_NUM_NODES": "2",

@@ -1,7 +1,7 @@
 """``nvtrain run`` as a drop-in for torchrun, through ``--dry-run``: the script form, torchrun's
 flags as policy overrides, the free port of a one-node job, ft_launcher's log options.
 
-Real runs of the same command lines: tests/process/test_run_torchrun_style.py.
+Real runs of the same command lines: tests/launcher/test_run_torchrun_style.py.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_helpers import RunResult, assert_clean_exit, demo_tables, run_nvtrain, write_policy
+
+from support.worker_helpers import RunResult, assert_clean_exit, demo_tables, run_nvtrain, write_policy
 
 BIN = Path(__file__).resolve().parent / "bin"
 LOSS_LINE = re.compile(r"^TRAIN step (\d+) loss (-?\d+\.\d+)$", re.MULTILINE)

@@ -13,7 +13,8 @@ from framework_runs import (
     check_same_state,
     run_pair,
 )
-from worker_helpers import RunResult
+
+from support.worker_helpers import RunResult
 
 pytest.importorskip("accelerate")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]

@@ -14,7 +14,8 @@ from framework_runs import (
     check_same_state,
     run_pair,
 )
-from worker_helpers import RunResult
+
+from support.worker_helpers import RunResult
 
 pytest.importorskip("transformers")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 from framework_runs import BIN, FINGERPRINT_LINE, LOSS_LINE
-from worker_helpers import run_python
+
+from support.worker_helpers import run_python
 
 pytestmark = pytest.mark.slow
 

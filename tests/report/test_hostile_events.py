@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from report_logs import CPU_LOG, ROOT
 from typer.testing import CliRunner, Result
 
 import nvtrain
@@ -26,6 +25,7 @@ from nvtrain.events.records import OtherEvent, from_fields
 from nvtrain.live import LiveFigures, figures
 from nvtrain.report import build_report, read_report, report_dict, write_timeline
 from nvtrain.tuning.measured import measure_events, read_measured
+from support.report_logs import CPU_LOG, ROOT
 
 runner = CliRunner()
 BASE = CPU_LOG.read_text(encoding="utf-8").splitlines()

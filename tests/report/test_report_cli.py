@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
-from report_logs import CPU_LOG, ROOT, lost_pod, two_recoveries
 from typer.testing import CliRunner, Result
 
 import nvtrain.runlog.files
 from nvtrain.cli import app
 from nvtrain.report import TIMELINE_FILE
+from support.report_logs import CPU_LOG, ROOT, lost_pod, two_recoveries
 
 runner = CliRunner()
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

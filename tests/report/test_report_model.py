@@ -4,11 +4,11 @@ rollback, freshness and checkpoint figures."""
 from __future__ import annotations
 
 import pytest
-from report_logs import Log, first_stretch, lost_pod, two_recoveries
 
 from nvtrain.events.records import from_fields
 from nvtrain.report import PHASES, Report, Stats, build_report, report_dict
 from nvtrain.runlog import CAUSES
+from support.report_logs import Log, first_stretch, lost_pod, two_recoveries
 
 
 def report_of(log: Log) -> Report:

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from report_logs import CPU_LOG, GPU_LOG, MEM_FALSE_LOG, MEM_TRUE_LOG, REAL_LOGS, ROOT, V0_LOG
 from typer.testing import CliRunner
 
 from nvtrain.cli import app
@@ -16,6 +15,7 @@ from nvtrain.events import read_events
 from nvtrain.events.records import CheckpointRestored, RestartBegin, Step, WorkerThreadError
 from nvtrain.report import Report, read_report
 from nvtrain.tuning.measured import read_measured
+from support.report_logs import CPU_LOG, GPU_LOG, MEM_FALSE_LOG, MEM_TRUE_LOG, REAL_LOGS, ROOT, V0_LOG
 
 DATA = ROOT / "tests/report/data"
 

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from report_logs import V0_LOG
+
+from support.report_logs import V0_LOG
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

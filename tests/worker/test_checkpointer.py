@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import xxhash
 
+from support.waiting import wait_until
+
 STATE_MB = 25  # model + AdamW state of the async-vs-sync test
 SAVES = 4  # saves of each kind in it
 
@@ -569,13 +571,14 @@ def test_abort_drops_the_save_in_flight(tmp_path: Path) -> None:
     at_10 = _bits(model, optimizer)
     _train(model, optimizer, 1, seed=5, width=1024)
     ckpt.save(20)
+    save = ckpt.inflight
+    assert save is not None
     ckpt.abort()
     ckpt.close()  # nothing in flight any more: returns at once
     (partial,) = [p for p in run_dir.iterdir() if p.name.startswith("step-000020.partial-")]
-    deadline = time.monotonic() + 60
-    while not (partial / ".metadata").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)  # the background write itself goes on
-    time.sleep(0.5)
+    # The background write itself goes on; its thread marks the save done after the point where
+    # it would have committed it.
+    assert save.done.wait(60), "the aborted save's thread never finished"
     assert (partial / ".metadata").exists()
     assert not (partial / "COMMITTED").exists() and not (run_dir / "step-000020").exists()
     assert _committed(run_dir) == [10]
@@ -628,7 +631,8 @@ def test_a_second_settle_waits_for_the_first_before_returning(tmp_path: Path) ->
     save.done.wait = lambda timeout=None: hold.wait(timeout) and real_wait(timeout)  # type: ignore[method-assign]
     first = threading.Thread(target=ckpt.settle, args=(60.0,))
     first.start()
-    time.sleep(0.2)
+    assert save is not None
+    wait_until(lambda: save.settling, 30, "the first settle waiting for the write")
     returned = threading.Event()
     second = threading.Thread(target=lambda: (ckpt.settle(60.0), returned.set()))
     second.start()
@@ -650,11 +654,15 @@ def test_settle_gives_up_at_its_limit_and_the_abort_still_drops_the_save(tmp_pat
     ckpt.save(10)
     ckpt.wait()
     ckpt.save(20)
+    save = ckpt.inflight
+    assert save is not None
     finished = ckpt.settle(0.0)
     ckpt.abort()
     [settled] = _named(log, "checkpoint_settled")
     assert settled["waited_s"] < 0.5 and settled["finished"] is finished
-    time.sleep(1.0)  # the background write goes on; it must not commit after the abort
+    # The background write goes on; it must not commit after the abort. Its thread marks the
+    # save done after the point where it would have committed it.
+    assert save.done.wait(60), "the aborted save's thread never finished"
     assert _committed(run_dir) == ([10, 20] if finished else [10])
     assert ckpt.settle(60.0) is False  # nothing in flight after the abort
 

@@ -13,7 +13,7 @@ bitwise the cold, clean one (every restore, after a SIGKILL too, read the host c
 /dev/shm), nothing the run started (nor the server, nor the host copies) is left, and no
 recovery phase in ``nvtrain report`` waited out a stop timeout. The 2-rank variant of the same
 checks, cold, lives in ``test_recovery.py``; 2 pods x 2 ranks, cold, in
-``tests/multinode/test_fault_matrix_pods.py``.
+``tests/launcher/multinode/test_fault_matrix_pods.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from worker_helpers import (
+
+from support.worker_helpers import (
     RunResult,
     assert_clean_exit,
     assert_no_stop_timeout_waited,

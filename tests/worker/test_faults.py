@@ -13,15 +13,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_helpers import BIN, child_env
 
 from nvtrain.config.schema import Fault
 from nvtrain.events import Event, EventLog, read_events
+from support.waiting import wait_until
+from support.worker_helpers import BIN, child_env
 
 
 def _fire(run_dir: Path, faults: list[dict[str, Any]], step: int, rank: int) -> subprocess.Popen[str]:
@@ -93,11 +93,14 @@ def test_a_fault_fires_once_and_not_again_when_its_step_is_replayed(tmp_path: Pa
     first = _fire(run_dir, faults, step=7, rank=1)
     expected = OUTCOMES[kind]
     if expected == "blocks":
-        deadline = time.monotonic() + 60
-        while not _fired(run_dir) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(1.0)
-        still_running = first.poll() is None
+        wait_until(
+            lambda: _fired(run_dir), 60, f"marker of the {kind} fault", alive=lambda: first.poll() is None
+        )
+        try:  # fired: the process must now block (it would exit at once if the fault returned)
+            first.wait(timeout=1.0)
+            still_running = False
+        except subprocess.TimeoutExpired:
+            still_running = True
         _kill(first)
         assert still_running, f"the {kind} fault did not block the process"
     else:

@@ -24,10 +24,10 @@ import pytest
 import xxhash
 from test_checkpointer import _bits, _checkpointer, _events, _model, _named, _policy, _train
 from test_hostcopy import _header, _new_process, _restore, _saved
-from worker_helpers import run_key_env
 
-from forgery import Marker, forge_copy, pickled
 from nvtrain.private import make_private_dir
+from support.forgery import Marker, forge_copy, pickled
+from support.worker_helpers import run_key_env
 
 pytestmark = [
     pytest.mark.filterwarnings(

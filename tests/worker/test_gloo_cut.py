@@ -14,9 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from worker_helpers import BIN, child_env
-
-from ports import free_port_pair
+from support.ports import free_port_pair
+from support.worker_helpers import BIN, child_env
 
 
 def _gloo_cut() -> Any:

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_helpers import (
+
+from support.worker_helpers import (
     RunResult,
     assert_clean_exit,
     clean_demo_run,

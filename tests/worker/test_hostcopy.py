@@ -27,9 +27,9 @@ from test_checkpointer import (
     _policy,
     _train,
 )
-from worker_helpers import run_key_env
 
 from nvtrain.private import make_private_dir
+from support.worker_helpers import run_key_env
 
 pytestmark = [
     pytest.mark.filterwarnings(
@@ -261,7 +261,7 @@ def test_without_the_folder_the_copy_stays_in_the_process(tmp_path: Path) -> Non
 _KILLED_SAVER = textwrap.dedent(
     """
     import sys, torch, random
-    sys.path.insert(0, {tests!r})
+    sys.path[:0] = [{tests!r}, {tests!r} + "/.."]  # test_checkpointer, and support/ it imports
     from test_checkpointer import _model, _train, _bits, _policy, Position
     from nvtrain.worker import Checkpointer
     import hashlib, pickle
@@ -303,7 +303,7 @@ def test_a_sigkilled_worker_is_replaced_by_a_process_that_restores_from_memory(t
     restorer = textwrap.dedent(
         """
         import sys, json, hashlib, pickle, pathlib
-        sys.path.insert(0, {tests!r})
+        sys.path[:0] = [{tests!r}, {tests!r} + "/.."]  # test_checkpointer, and support/ it imports
         from test_checkpointer import _model, _bits, _policy, Position
         from nvtrain.worker import Checkpointer
         from nvtrain.events import EventLog

@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from worker_helpers import free_port_pair, run_nvtrain, write_policy
+
+from support.worker_helpers import free_port_pair, run_nvtrain, write_policy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

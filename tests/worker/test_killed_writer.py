@@ -10,9 +10,9 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from worker_helpers import BIN, run_python
 
 from nvtrain.events import EventLog, read_events
+from support.worker_helpers import BIN, run_python
 
 pytestmark = [
     pytest.mark.slow,

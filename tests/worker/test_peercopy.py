@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_helpers import BIN, WarmServer, child_env, free_port_pair, run_key_env, run_ranks
 
 from nvtrain.events import read_events
 from nvtrain.private import make_private_dir
+from support.worker_helpers import BIN, WarmServer, child_env, free_port_pair, run_key_env, run_ranks
 
 pytestmark = pytest.mark.slow
 

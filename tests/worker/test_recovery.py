@@ -7,7 +7,7 @@ Both runs are real ``nvtrain run`` jobs (ft_launcher, 2 gloo ranks, NVRx in-proc
 started once for the module; each test below checks one property of the pair. The clean run
 starts cold (``warm_start = false``); the faulty run's workers are forked from the pod's warm-start server
 (``[job] warm_start = true``), so that its four in-job restarts do not import torch eight times
-over (the cold path's in-job restarts are proven by tests/process/test_run_faults.py and the
+over (the cold path's in-job restarts are proven by tests/launcher/test_run_faults.py and the
 multi-node runs).
 """
 
@@ -20,7 +20,9 @@ from typing import Any
 
 import pytest
 from typer.testing import CliRunner
-from worker_helpers import (
+
+from nvtrain.cli import app
+from support.worker_helpers import (
     RunResult,
     assert_clean_exit,
     assert_no_stop_timeout_waited,
@@ -28,8 +30,6 @@ from worker_helpers import (
     run_nvtrain,
     write_policy,
 )
-
-from nvtrain.cli import app
 
 # One fixture runs both jobs (about 2 minutes on an idle 2-core machine); the test that sets
 # it up pays for it, hence the longer timeout.

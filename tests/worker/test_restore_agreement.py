@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from worker_helpers import BIN, WarmServer, child_env, free_port_pair, run_ranks
+
+from support.worker_helpers import BIN, WarmServer, child_env, free_port_pair, run_ranks
 
 pytestmark = pytest.mark.slow
 

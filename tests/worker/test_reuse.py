@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from worker_helpers import assert_clean_exit, demo_tables, run_nvtrain, write_policy
+
+from support.worker_helpers import assert_clean_exit, demo_tables, run_nvtrain, write_policy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

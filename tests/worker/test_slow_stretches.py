@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from worker_helpers import BIN, free_port_pair, run_nvtrain, write_policy
+
+from support.worker_helpers import BIN, free_port_pair, run_nvtrain, write_policy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

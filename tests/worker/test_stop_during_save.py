@@ -15,7 +15,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from worker_helpers import free_port_pair, kill_token, read_events, start_nvtrain, write_policy
+
+from support.worker_helpers import free_port_pair, kill_token, read_events, start_nvtrain, write_policy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

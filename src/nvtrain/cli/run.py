@@ -6,13 +6,16 @@ import json
 import signal
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from typer.core import TyperCommand
 
 from nvtrain.cli._errors import exit_on_error
 from nvtrain.errors import signal_exit_code
+
+if TYPE_CHECKING:
+    from nvtrain.config.schema import Policy
 
 _HEARTBEAT = "NVRx's fault-tolerance settings are the policy's [heartbeat] table (docs/policy.md)"
 _NOT_HERE = {
@@ -301,6 +304,7 @@ def command(
     plan, paths = prepare(policy, identity, extra_args=resolved.extra_args, launcher_options=options)
     if dry_run:
         typer.echo(json.dumps(plan.to_dict(), indent=2))
+        _show_wrapper_plan(policy, identity.has_gpu)
         return
     if plan.is_host and not resolved.port_chosen:
         from nvtrain.launcher.ports import check_rendezvous_port
@@ -317,3 +321,25 @@ def command(
     except KeyboardInterrupt:
         raise typer.Exit(signal_exit_code(signal.SIGINT)) from None
     raise typer.Exit(outcome.exit_code)
+
+
+def _show_wrapper_plan(policy: Policy, has_gpu: bool) -> None:
+    """What the workers will pass to NVRx's in-process ``Wrapper`` (``--dry-run``), for the
+    NVRx installed here (its version from package metadata: NVRx is not imported)."""
+    from nvtrain.cli.render.wrapper_plan import print_wrapper_plan
+    from nvtrain.config.wrapper_plan import WrapperFeatures, plan_wrapper
+    from nvtrain.nvrx import installed_nvrx
+
+    if not policy.restart.in_process.enabled:
+        print_wrapper_plan(None, "")
+        return
+    version = installed_nvrx()
+    features = WrapperFeatures.of_version(version)
+    if version is None:
+        nvrx = "no NVRx installed here (what depends on its version is marked)"
+    elif features.last_call_wait is None:
+        nvrx = f"NVRx {version} (not a tested version: what depends on it is marked)"
+    else:
+        nvrx = f"NVRx {version} (installed)"
+    world = policy.world_size()
+    print_wrapper_plan(plan_wrapper(policy, world=world, has_gpu=has_gpu, features=features), nvrx)

@@ -1,7 +1,7 @@
 """The rule for ``backend = "auto"``, which only the workers' machine resolves.
 
 ``nvtrain validate`` runs before the job has a machine, so it checks ``"auto"`` as NCCL (as
-gloo with ``nproc_per_node = "cpu"``: ``checks._in_process``). On a machine without a GPU the
+gloo with ``nproc_per_node = "cpu"``: ``checks_timeouts.validated_backend``). On a machine without a GPU the
 workers pick gloo: a collective timeout the policy sets then meets the gloo rule it was never
 checked against, while one it leaves unset follows the backend the workers pick (``derive.py``).
 """

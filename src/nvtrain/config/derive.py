@@ -24,6 +24,21 @@ from typing import Any, Literal, TypeGuard
 from pydantic import BaseModel
 
 from nvtrain.config.duration import parse_duration
+from nvtrain.config.timeouts import (
+    COLLECTIVE,
+    COLLECTIVE_TIMEOUT,
+    GLOO_COLLECTIVE_FRACTION,
+    HARD,
+    HARD_OVER_SOFT,
+    HARD_TIMEOUT,
+    MARGIN,
+    NCCL_COLLECTIVE_FACTOR,
+    SOFT,
+    SOFT_TIMEOUT,
+    key_name,
+    lower_bounds,
+    upper_bounds,
+)
 
 __all__ = [
     "CHECKPOINT_INTERVAL",
@@ -45,9 +60,6 @@ MAX_DURATION = 365 * 86400.0
 """Longest duration of any policy key (a year), far below what timers and int64 grace periods hold."""
 
 MONITOR_INTERVAL = 5.0
-SOFT_TIMEOUT = 60.0
-HARD_TIMEOUT = 90.0
-COLLECTIVE_TIMEOUT = 600.0
 CHECKPOINT_INTERVAL = 1000
 ESCALATE_AFTER = 3
 RENDEZVOUS_PORT = 29500
@@ -70,9 +82,6 @@ DERIVED_KEYS = frozenset(
 
 Backend = Literal["nccl", "gloo"]
 """A backend as the workers use it: what ``"auto"`` resolves to."""
-
-_MARGIN = 2 / 3
-"""A derived timeout that must stay below another one takes at most this fraction of it."""
 
 _Path = tuple[str, ...]
 
@@ -212,8 +221,10 @@ def _backend(d: _Draft, resolved: Backend | None = None) -> str:
 def _in_process(d: _Draft, resolved: Backend | None) -> None:
     """``[restart.in_process]`` soft and hard timeouts, and ``[job] collective_timeout``.
 
-    The order kept: failure_window < soft_timeout < hard_timeout < [heartbeat] timeout; with
-    NCCL hard_timeout < collective_timeout, with gloo collective_timeout < soft_timeout."""
+    The order kept is ``timeouts.ORDER``'s: failure_window < soft_timeout < hard_timeout <
+    [heartbeat] timeout; with NCCL hard_timeout < collective_timeout, with gloo
+    collective_timeout < soft_timeout. What bounds the soft timeout from below and the hard one
+    from above is read from that table."""
     table = ("restart", "in_process")
     if d.given((*table, "enabled")) and d.value((*table, "enabled")) is False:
         return
@@ -223,28 +234,34 @@ def _in_process(d: _Draft, resolved: Backend | None) -> None:
     # `nvtrain validate` showed. All three are written out, so that validating the result under
     # validate's view derives nothing more. An explicit collective timeout stays as written
     # (validate warns when it breaks the gloo rule: checks_backend.py).
-    collective_path = ("job", "collective_timeout")
-    resolving = resolved is not None and _backend(d) != _backend(d, resolved) and not d.given(collective_path)
-    gloo = _backend(d, resolved if resolving else None) == "gloo"
-    collective = d.seconds(("job", "collective_timeout"))
-    soft = d.seconds((*table, "soft_timeout"))
+    resolving = (
+        resolved is not None and _backend(d) != _backend(d, resolved) and not d.given(_path(COLLECTIVE))
+    )
+    backend = "gloo" if _backend(d, resolved if resolving else None) == "gloo" else "nccl"
     # What the soft timeout must exceed (and so the hard one too), and what the hard one must not reach.
-    floor = _bound(
-        max,
-        (d.seconds((*table, "failure_window")), "failure_window"),
-        (collective if gloo else None, "[job] collective_timeout"),
-    )
-    ceiling = _bound(
-        min,
-        (d.seconds(("heartbeat", "timeout")), "[heartbeat] timeout"),
-        (None if gloo else collective, "[job] collective_timeout"),
-    )
+    floor = _bound(max, *((d.seconds(_path(key)), key_name(key)) for key in lower_bounds(SOFT, backend)))
+    ceiling = _bound(min, *((d.seconds(_path(key)), key_name(key)) for key in upper_bounds(HARD, backend)))
+    hard = _hard(d, floor, ceiling, resolving)
+    if hard is None:
+        return  # an invalid hard_timeout: its own finding says so
+    soft = _soft(d, floor, hard, resolving)
+    if soft is None:
+        return
+    _collective(d, backend == "gloo", soft, hard, resolving)
 
-    hard_path = (*table, "hard_timeout")
+
+def _path(key: str) -> _Path:
+    return tuple(key.split("."))
+
+
+def _hard(d: _Draft, floor: _Bound | None, ceiling: _Bound | None, resolving: bool) -> float | None:
+    """The hard timeout: derived when unset (above the soft timeout, or the floor, below the
+    ceiling); None when the file sets an invalid one."""
+    hard_path, soft = _path(HARD), d.seconds(_path(SOFT))
     if not d.given(hard_path):
         lo = (soft, "soft_timeout") if soft is not None else floor
-        unbounded = HARD_TIMEOUT if lo is None else max(HARD_TIMEOUT, _round(1.5 * lo[0], lo[0]))
-        preferred = unbounded if ceiling is None else min(unbounded, _round(_MARGIN * ceiling[0]))
+        unbounded = HARD_TIMEOUT if lo is None else max(HARD_TIMEOUT, _round(HARD_OVER_SOFT * lo[0], lo[0]))
+        preferred = unbounded if ceiling is None else min(unbounded, _round(MARGIN * ceiling[0]))
         value = _between(preferred, lo and lo[0], ceiling and ceiling[0])
         if lo is not None and value <= lo[0]:  # no value fits: the default as if nothing bounded it above
             value = unbounded
@@ -254,42 +271,50 @@ def _in_process(d: _Draft, resolved: Backend | None) -> None:
         if value != HARD_TIMEOUT or not fits:
             d.put(hard_path, value, _follows(lo, ceiling))
     hard = d.seconds(hard_path) if d.given(hard_path) else HARD_TIMEOUT
-    if hard is None:
-        return  # an invalid hard_timeout: its own finding says so
-    if resolving and not d.given(hard_path):
+    if hard is not None and resolving and not d.given(hard_path):
         d.put(hard_path, HARD_TIMEOUT, None)
+    return hard
 
-    soft_path = (*table, "soft_timeout")
+
+def _soft(d: _Draft, floor: _Bound | None, hard: float, resolving: bool) -> float | None:
+    """The soft timeout: derived when unset (above the floor, below ``hard``); None when the
+    file sets an invalid one."""
+    soft_path = _path(SOFT)
     if not d.given(soft_path):
-        preferred = min(SOFT_TIMEOUT, _round(_MARGIN * hard))
+        preferred = min(SOFT_TIMEOUT, _round(MARGIN * hard))
         value = _between(preferred, floor and floor[0], hard)
         if value != SOFT_TIMEOUT or not (floor is None or value > floor[0]) or value >= hard:
             d.put(soft_path, value, _follows(floor, (hard, "hard_timeout")))
     soft = d.seconds(soft_path) if d.given(soft_path) else SOFT_TIMEOUT
-    if soft is None:
-        return
-    if resolving and not d.given(soft_path):
+    if soft is not None and resolving and not d.given(soft_path):
         d.put(soft_path, SOFT_TIMEOUT, None)
+    return soft
 
-    if not d.given(collective_path):
-        if gloo:  # a gloo collective cannot be aborted: its timeout frees the surviving ranks
-            value = gloo_collective_timeout(soft)
-            follows = "[restart.in_process] soft_timeout (with gloo)"
-        else:
-            value = max(COLLECTIVE_TIMEOUT, 2 * hard)
-            if value > MAX_DURATION > hard:
-                value = MAX_DURATION
-            follows = "[restart.in_process] hard_timeout"
-        if value != COLLECTIVE_TIMEOUT:
-            d.put(collective_path, value, follows)
-        elif resolving:
-            d.put(collective_path, value, None)
+
+def _collective(d: _Draft, gloo: bool, soft: float, hard: float, resolving: bool) -> None:
+    """The collective timeout, when unset: below the soft timeout with gloo (a gloo collective
+    cannot be aborted: its timeout frees the surviving ranks), above the hard one with NCCL."""
+    collective_path = _path(COLLECTIVE)
+    if d.given(collective_path):
+        return
+    if gloo:
+        value = gloo_collective_timeout(soft)
+        follows = "[restart.in_process] soft_timeout (with gloo)"
+    else:
+        value = max(COLLECTIVE_TIMEOUT, NCCL_COLLECTIVE_FACTOR * hard)
+        if value > MAX_DURATION > hard:
+            value = MAX_DURATION
+        follows = "[restart.in_process] hard_timeout"
+    if value != COLLECTIVE_TIMEOUT:
+        d.put(collective_path, value, follows)
+    elif resolving:
+        d.put(collective_path, value, None)
 
 
 def gloo_collective_timeout(soft_timeout: float) -> float:
     """The collective timeout derived with gloo: three quarters of the in-process soft timeout
     (at most the plain default), so that it frees the surviving ranks before the soft timeout."""
-    return min(COLLECTIVE_TIMEOUT, _round(0.75 * soft_timeout))
+    return min(COLLECTIVE_TIMEOUT, _round(GLOO_COLLECTIVE_FRACTION * soft_timeout))
 
 
 _Bound = tuple[float, str]

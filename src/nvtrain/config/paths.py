@@ -5,7 +5,7 @@ starts in. The commands that start in that folder, ``nvtrain run`` and ``nvtrain
 resolve it with ``resolve_relative`` before they use or show the policy, so the workers (which
 may start elsewhere) get an absolute path and validate shows the one ``run`` would use. What is
 read for a Kubernetes pod is not resolved: a volume's ``mountPath`` is absolute, and the checks
-(``checks._checkpoint``) keep refusing a relative ``[checkpoint] dir`` there (``nvtrain
+(``checks_checkpoint.checkpoint``) keep refusing a relative ``[checkpoint] dir`` there (``nvtrain
 manifest``, ``validate --manifest``).
 """
 

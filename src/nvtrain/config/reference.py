@@ -1,7 +1,8 @@
 """Generated reference material: the JSON Schema and the key reference in ``docs/policy.md``.
 
 ``python -m nvtrain.config.reference`` rewrites ``docs/policy.schema.json`` and the generated
-part of ``docs/policy.md``; a test fails when either is out of date.
+parts of ``docs/policy.md`` (the key reference, and the timeout order drawn from
+``timeouts.ORDER``); a test fails when either is out of date.
 """
 
 from __future__ import annotations
@@ -18,12 +19,24 @@ from pydantic.fields import FieldInfo
 
 from nvtrain.config.duration import format_duration, is_duration_field
 from nvtrain.config.schema import Policy, table_model
+from nvtrain.config.timeouts import diagram
 from nvtrain.findings import toml_value
 
-__all__ = ["BEGIN", "END", "key_reference", "schema_json", "update_docs"]
+__all__ = [
+    "BEGIN",
+    "END",
+    "ORDER_BEGIN",
+    "ORDER_END",
+    "key_reference",
+    "schema_json",
+    "timeout_order",
+    "update_docs",
+]
 
 BEGIN = "<!-- BEGIN GENERATED KEY REFERENCE: python -m nvtrain.config.reference -->"
 END = "<!-- END GENERATED KEY REFERENCE -->"
+ORDER_BEGIN = "<!-- BEGIN GENERATED TIMEOUT ORDER: python -m nvtrain.config.reference -->"
+ORDER_END = "<!-- END GENERATED TIMEOUT ORDER -->"
 
 
 def schema_json() -> str:
@@ -102,6 +115,21 @@ def key_reference() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def timeout_order() -> str:
+    """Markdown: the rules of the timeout order (``timeouts.ORDER``), one a line."""
+    return f"```\n{diagram()}```\n"
+
+
+def _replace(text: str, begin: str, end: str, body: str) -> str:
+    """``text`` with what lies between the lines ``begin`` and ``end`` replaced by ``body``
+    (unchanged when the markers are not there)."""
+    head, found, rest = text.partition(begin)
+    if not found or end not in rest:
+        return text
+    _, _, tail = rest.partition(end)
+    return f"{head}{begin}\n\n{body}\n{end}{tail}"
+
+
 def update_docs(docs: Path) -> list[Path]:
     """Rewrite the generated files under ``docs``; returns the files that changed."""
     changed = []
@@ -114,6 +142,7 @@ def update_docs(docs: Path) -> list[Path]:
     head, _, rest = text.partition(BEGIN)
     _, _, tail = rest.partition(END)
     new = f"{head}{BEGIN}\n\n{key_reference()}\n{END}{tail}"
+    new = _replace(new, ORDER_BEGIN, ORDER_END, timeout_order())
     if new != text:
         page.write_text(new, encoding="utf-8")
         changed.append(page)

@@ -2,7 +2,8 @@
 
 Each table of the file is a model below; each key is a field with its docstring (shown in
 ``docs/policy.md`` and in the JSON Schema). Type checks live here; rules that relate several keys
-live in ``checks.py`` so that ``nvtrain validate`` can report all of them at once and warn.
+live in ``checks.py`` and ``checks_*.py`` (the timeout order is ``timeouts.py``'s table) so that
+``nvtrain validate`` can report all of them at once and warn.
 """
 
 from __future__ import annotations

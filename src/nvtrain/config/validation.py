@@ -190,23 +190,8 @@ def _salvage(data: dict[str, Any], problems: list[Finding]) -> _Salvaged | None:
         head, _, index = f.table.partition(".")
         if head == "faults" and index.isdigit():
             dropped_faults.add(int(index))
-            continue
-        if f.table == "" and f.key == "job" and f.code in ("missing", "model_type", "dict_type"):
-            trimmed["job"] = dict(_PLACEHOLDER_JOB)
-            placeholders.add("job")
-            replaced.update(key for key in _PLACEHOLDER_JOB if key != "name")  # rules naming them
-            continue
-        node: Any = trimmed
-        for part in [p for p in f.table.split(".") if p]:
-            node = node.get(part) if isinstance(node, dict) else None
-        if not isinstance(node, dict):
-            continue
-        if f.table == "job" and f.key == "name":
-            node["name"] = _PLACEHOLDER_JOB["name"]  # findings on it are dropped as on a bad key
-            continue
-        if f.code != "extra_forbidden":
-            replaced.add(f.key)
-        node.pop(f.key, None)
+        else:
+            _trim(trimmed, f, replaced, placeholders)
     faults = trimmed.get("faults")
     kept = list(range(len(faults))) if isinstance(faults, list) else []
     if isinstance(faults, list) and dropped_faults:
@@ -217,6 +202,28 @@ def _salvage(data: dict[str, Any], problems: list[Finding]) -> _Salvaged | None:
     except ValueError:
         return None
     return _Salvaged(policy, problems, frozenset(replaced), frozenset(placeholders), tuple(kept))
+
+
+def _trim(trimmed: dict[str, Any], f: Finding, replaced: set[str], placeholders: set[str]) -> None:
+    """Take the key of finding ``f`` out of ``trimmed`` (a placeholder for a missing ``[job]``
+    or a bad job name), noting in ``replaced`` the keys that rules may name."""
+    assert f.key is not None
+    if f.table == "" and f.key == "job" and f.code in ("missing", "model_type", "dict_type"):
+        trimmed["job"] = dict(_PLACEHOLDER_JOB)
+        placeholders.add("job")
+        replaced.update(key for key in _PLACEHOLDER_JOB if key != "name")  # rules naming them
+        return
+    node: Any = trimmed
+    for part in [p for p in f.table.split(".") if p]:
+        node = node.get(part) if isinstance(node, dict) else None
+    if not isinstance(node, dict):
+        return
+    if f.table == "job" and f.key == "name":
+        node["name"] = _PLACEHOLDER_JOB["name"]  # findings on it are dropped as on a bad key
+        return
+    if f.code != "extra_forbidden":
+        replaced.add(f.key)
+    node.pop(f.key, None)
 
 
 def load_policy(path: Path | None, *, nvrx: NvrxChoice = "installed") -> Policy:

@@ -1,7 +1,7 @@
 """``--monitoring-rules``: Prometheus alerts and a Grafana dashboard for one job's metrics.
 
 With ``[metrics] enabled = true`` every training pod serves the job's figures (docs/report.md,
-"Metrics contract"; ``nvtrain.report.live``). ``--monitoring-rules`` adds two objects that read
+"Metrics contract"; ``nvtrain.live``). ``--monitoring-rules`` adds two objects that read
 them:
 
 - a Prometheus Operator ``PrometheusRule`` ``<job>-alerts`` (``monitoring.coreos.com/v1``), whose

@@ -73,6 +73,28 @@ def check_policy_size(policy_text: str, source: str) -> None:
 def check_options(policy: Policy, options: ManifestOptions) -> None:
     """Every option against the policy (see the module docstring); ``UsageError`` for the first
     that cannot be rendered."""
+    _check_image_and_claim(policy, options)
+    _check_checkpoint_dir(policy.checkpoint.dir)
+    for flag, count in (("--backoff-limit", options.backoff_limit), ("--efa", options.efa)):
+        if count < 0:
+            raise UsageError(f"{flag} {count} is negative", f"give {flag} 0 or more")
+        if count > INT32_MAX:
+            raise UsageError(
+                f"{flag} {count} is too large (Kubernetes holds at most {INT32_MAX:,})",
+                f"give {flag} a count such as 6",
+            )
+    _check_memory(policy, options)
+    _check_resources(options)
+    kubernetes_version(options)
+    _check_extras(policy, options)
+    _check_pairs("label", options.labels, _QUALIFIED, _LABEL_VALUE)
+    _check_platform(policy, options)
+    _check_pairs("node selector", options.node_selector, _QUALIFIED, _LABEL_VALUE)
+    _check_own_names(policy, options)
+
+
+def _check_image_and_claim(policy: Policy, options: ManifestOptions) -> None:
+    """The image is a reference and the checkpoint claim a PersistentVolumeClaim name."""
     image = image_of(policy, options)
     if not image or any(c.isspace() for c in image) or _CONTROL.search(image):
         raise UsageError(
@@ -85,7 +107,10 @@ def check_options(policy: Policy, options: ManifestOptions) -> None:
             f"--checkpoint-pvc {pvc!r} is not a PersistentVolumeClaim name",
             "use lowercase letters, digits, '-' and '.'",
         )
-    directory = policy.checkpoint.dir
+
+
+def _check_checkpoint_dir(directory: str) -> None:
+    """``[checkpoint] dir`` can be the checkpoint volume's ``mountPath``."""
     if _CONTROL.search(directory):
         raise UsageError(
             f"[checkpoint] dir {directory!r} contains control characters (e.g. a newline)",
@@ -113,42 +138,40 @@ def check_options(policy: Policy, options: ManifestOptions) -> None:
             f"/, contains '..', lies in /dev, /proc or /sys, or overlaps {POLICY_MOUNT}",
             'use a directory of its own, such as "/checkpoints"',
         )
-    for flag, count in (("--backoff-limit", options.backoff_limit), ("--efa", options.efa)):
-        if count < 0:
-            raise UsageError(f"{flag} {count} is negative", f"give {flag} 0 or more")
-        if count > INT32_MAX:
-            raise UsageError(
-                f"{flag} {count} is too large (Kubernetes holds at most {INT32_MAX:,})",
-                f"give {flag} a count such as 6",
-            )
+
+
+def _check_memory(policy: Policy, options: ManifestOptions) -> None:
+    """``--shm-size``, ``--cpu`` and ``--memory`` are quantities, the host copies' folder can be
+    mounted, and the memory-backed volumes (``/dev/shm``, the host copies) fit below
+    ``--memory``."""
     shm = _check_quantity("--shm-size", options.shm_size)
     _check_memory_dir(policy)
     host = host_copy_bytes(policy, options)
     if options.cpu is not None:
         _check_quantity("--cpu", options.cpu)
-    if options.memory is not None:
-        memory = _check_quantity("--memory", options.memory)
-        if host is None and shm >= memory:
-            raise UsageError(
-                f"--shm-size {options.shm_size} is not below --memory {options.memory}: "
-                "/dev/shm is memory-backed and counts against the pod's memory limit",
-                "lower --shm-size or raise --memory",
-            )
-        if host is not None and shm + host >= memory:
-            raise UsageError(
-                f"--shm-size {options.shm_size} plus the host copies "
-                f"({host_copies_per_rank(policy)} × --state-per-rank {options.state_per_rank} × "
-                f"{ranks_per_pod(policy, options)} ranks = {_quantity(host)}; per rank "
-                f"{host_copies_made_of(policy)}) is {_quantity(shm + host)} of memory-backed volumes, "
-                f"not below --memory {options.memory}: they count against the pod's memory limit",
-                "raise --memory, or lower --shm-size",
-            )
-    _check_resources(options)
-    kubernetes_version(options)
-    _check_extras(policy, options)
-    _check_pairs("label", options.labels, _QUALIFIED, _LABEL_VALUE)
-    _check_platform(policy, options)
-    _check_pairs("node selector", options.node_selector, _QUALIFIED, _LABEL_VALUE)
+    if options.memory is None:
+        return
+    memory = _check_quantity("--memory", options.memory)
+    if host is None and shm >= memory:
+        raise UsageError(
+            f"--shm-size {options.shm_size} is not below --memory {options.memory}: "
+            "/dev/shm is memory-backed and counts against the pod's memory limit",
+            "lower --shm-size or raise --memory",
+        )
+    if host is not None and shm + host >= memory:
+        raise UsageError(
+            f"--shm-size {options.shm_size} plus the host copies "
+            f"({host_copies_per_rank(policy)} × --state-per-rank {options.state_per_rank} × "
+            f"{ranks_per_pod(policy, options)} ranks = {_quantity(host)}; per rank "
+            f"{host_copies_made_of(policy)}) is {_quantity(shm + host)} of memory-backed volumes, "
+            f"not below --memory {options.memory}: they count against the pod's memory limit",
+            "raise --memory, or lower --shm-size",
+        )
+
+
+def _check_own_names(policy: Policy, options: ManifestOptions) -> None:
+    """No label or environment variable of the user's is one that the manifest sets itself;
+    environment names are valid."""
     reserved_labels = set(selector(policy)) | {"app.kubernetes.io/managed-by"}
     if has_control_job(policy):
         reserved_labels.add(COMPONENT_LABEL)

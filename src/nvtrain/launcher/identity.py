@@ -58,8 +58,8 @@ from typing import Literal
 
 from nvtrain.config.schema import Policy
 from nvtrain.errors import UsageError
+from nvtrain.kubenames import PodNames, control_hostname, pod_hostname
 from nvtrain.launcher import slurm
-from nvtrain.launcher.dns import PodNames
 
 __all__ = [
     "HOSTS_FILE",
@@ -113,13 +113,25 @@ def new_run_id(job_name: str) -> str:
     return f"{job_name}-{stamp}-{secrets.token_hex(3)}"
 
 
+_INDEX_SEPARATOR = pod_hostname("", 0).removesuffix("0")
+"""What stands between a pod hostname's base and its index (``kubenames.pod_hostname``)."""
+
+
 def _hostname_index(hostname: str, policy: Policy) -> tuple[str, int] | None:
-    """(base, index) when the short ``hostname`` is ``<base>-<index>`` with ``[job] name`` in
-    ``<base>``: the pod of an Indexed Job (or StatefulSet), perhaps renamed with a prefix or
-    suffix (``exp1-llm-train-3`` -> ``("exp1-llm-train", 3)``)."""
+    """(base, index) when the short ``hostname`` is ``pod_hostname(base, index)`` with ``[job]
+    name`` in ``<base>``: the pod of an Indexed Job (or StatefulSet), perhaps renamed with a
+    prefix or suffix (``exp1-llm-train-3`` -> ``("exp1-llm-train", 3)``). The index is read
+    as digits, leading zeros allowed."""
     short = hostname.split(".")[0]
-    match = re.fullmatch(rf"(.*{re.escape(policy.job.name)}.*)-([0-9]+)", short, re.IGNORECASE)
+    name, sep = re.escape(policy.job.name), re.escape(_INDEX_SEPARATOR)
+    match = re.fullmatch(rf"(.*{name}.*){sep}([0-9]+)", short, re.IGNORECASE)
     return (match.group(1), int(match.group(2))) if match else None
+
+
+def _is_control_host(hostname: str, policy: Policy) -> bool:
+    """Whether the short ``hostname`` is the control pod's, ``<[job] name>-control``
+    (``kubenames.control_hostname``, with ``CONTROL_SUFFIX``), in any case."""
+    return hostname.split(".")[0].lower() == control_hostname(policy.job.name).lower()
 
 
 def _node_rank(env: Mapping[str, str], hostname: str, policy: Policy) -> int | None:
@@ -189,7 +201,7 @@ def pod_names(
     own = parts is not None and (rank is None or parts[1] == rank)
     if parts is not None and own:
         names = dataclasses.replace(names, base=parts[0])
-    elif host.split(".")[0].lower() != names.control_host.lower():
+    elif not _is_control_host(host, policy):
         return names  # not this job's pod: nothing in its names is the job's
     domain = _own_domain(host, hosts_file)
     return names if domain is None else dataclasses.replace(names, domain=domain)
@@ -253,60 +265,18 @@ def identify(
     ``hosts_file`` (None: not read)."""
     env = os.environ if env is None else env
     host = hostname or env.get("HOSTNAME") or socket.gethostname()
-    nodes = policy.rendezvous.nodes
-    standalone = nodes == 1
+    standalone = policy.rendezvous.nodes == 1
     step = slurm_step(env)  # its job id names a one-node run too
-    if step is not None and step.batch and not standalone:
-        raise UsageError(
-            f"a {nodes}-node job started in a Slurm batch script (no SLURM_STEP_ID): nvtrain run "
-            "runs on this node only, and the other nodes would never join",
-            "start it on every node of the allocation: srun --ntasks-per-node=1 nvtrain run ...",
-        )
+    _refuse_batch_script(step, policy.rendezvous.nodes)
     here = None if standalone else step  # where this node stands in a multi-node step
     store_host = policy.rendezvous.host or (here.store_host if here is not None else None)
-    rank = node_rank if node_rank is not None else _node_rank(env, host, policy)
-    if rank is None and here is not None:
-        rank = here.node_rank
     source: Source = "standalone" if standalone else "kubernetes"
     if not standalone and policy.rendezvous.host:
         source = "flags"
     elif here is not None:
         source = "slurm"
-    if node_rank is not None and store_host is None and not standalone and not on_kubernetes(env):
-        raise UsageError(
-            f"--node-rank {node_rank} of a {nodes}-node job, but no rendezvous host: off Kubernetes "
-            "nvtrain cannot find node 0 by a pod's DNS name",
-            "give node 0's address as torchrun does: --master-addr HOST (or --rdzv-endpoint "
-            "HOST:PORT, or [rendezvous] host in the policy)",
-        )
-    if rank is None:
-        if not standalone:
-            where = "pod" if store_host is None and on_kubernetes(env) else "node"
-            raise UsageError(
-                f"cannot tell the node index of this {where} in a {nodes}-node job", _rank_hint(policy, nodes)
-            )
-        rank = 0
-    if rank >= nodes:
-        raise UsageError(
-            f"node index {rank} is outside the job's {nodes} node(s)",
-            f"raise [rendezvous] nodes (--nnodes) to at least {rank + 1}, or fix the index",
-        )
-    rid = run_id or env.get("NVTRAIN_RUN_ID", "").strip()
-    if not rid and step is not None:
-        rid = f"{policy.job.name}-slurm-{step.job_id}"
-    if not rid:
-        if not standalone:
-            raise UsageError(
-                "a multi-node job needs a run id that every node shares",
-                "pass the same --rdzv-id ID (or --run-id) to every node, or set NVTRAIN_RUN_ID "
-                "(the Kubernetes manifests use the Job's uid)",
-            )
-        rid = new_run_id(policy.job.name)
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", rid):
-        raise UsageError(
-            f"run id {rid!r} is not usable as a directory and rendezvous name",
-            "use letters, digits, '.', '_' and '-' (at most 128)",
-        )
+    rank = _rank(policy, env, host, node_rank, here, store_host)
+    rid = _run_id(policy, env, run_id, step)
     address = None
     names = None
     if not standalone:
@@ -335,3 +305,73 @@ def identify(
         store_host=None if standalone else store_host,
         source=source,
     )
+
+
+def _refuse_batch_script(step: slurm.SlurmStep | None, nodes: int) -> None:
+    """A multi-node job started from a Slurm batch script would wait for nodes that never come."""
+    if step is not None and step.batch and nodes > 1:
+        raise UsageError(
+            f"a {nodes}-node job started in a Slurm batch script (no SLURM_STEP_ID): nvtrain run "
+            "runs on this node only, and the other nodes would never join",
+            "start it on every node of the allocation: srun --ntasks-per-node=1 nvtrain run ...",
+        )
+
+
+def _rank(
+    policy: Policy,
+    env: Mapping[str, str],
+    host: str,
+    node_rank: int | None,
+    here: slurm.SlurmStep | None,
+    store_host: str | None,
+) -> int:
+    """This node's index: ``--node-rank``, else ``NVTRAIN_NODE_RANK``, ``JOB_COMPLETION_INDEX``
+    or the hostname, else the Slurm step's; 0 for a one-node job. Raises when it is unknown or
+    outside the job, or when ``--node-rank`` comes without a way to find node 0."""
+    nodes = policy.rendezvous.nodes
+    standalone = nodes == 1
+    rank = node_rank if node_rank is not None else _node_rank(env, host, policy)
+    if rank is None and here is not None:
+        rank = here.node_rank
+    if node_rank is not None and store_host is None and not standalone and not on_kubernetes(env):
+        raise UsageError(
+            f"--node-rank {node_rank} of a {nodes}-node job, but no rendezvous host: off Kubernetes "
+            "nvtrain cannot find node 0 by a pod's DNS name",
+            "give node 0's address as torchrun does: --master-addr HOST (or --rdzv-endpoint "
+            "HOST:PORT, or [rendezvous] host in the policy)",
+        )
+    if rank is None:
+        if not standalone:
+            where = "pod" if store_host is None and on_kubernetes(env) else "node"
+            raise UsageError(
+                f"cannot tell the node index of this {where} in a {nodes}-node job", _rank_hint(policy, nodes)
+            )
+        rank = 0
+    if rank >= nodes:
+        raise UsageError(
+            f"node index {rank} is outside the job's {nodes} node(s)",
+            f"raise [rendezvous] nodes (--nnodes) to at least {rank + 1}, or fix the index",
+        )
+    return rank
+
+
+def _run_id(policy: Policy, env: Mapping[str, str], run_id: str | None, step: slurm.SlurmStep | None) -> str:
+    """``--run-id``/``--rdzv-id``, else ``NVTRAIN_RUN_ID``, else the Slurm job's, else a fresh one
+    (one-node jobs only); raises when it is missing or not usable as a name."""
+    rid = run_id or env.get("NVTRAIN_RUN_ID", "").strip()
+    if not rid and step is not None:
+        rid = f"{policy.job.name}-slurm-{step.job_id}"
+    if not rid:
+        if policy.rendezvous.nodes > 1:
+            raise UsageError(
+                "a multi-node job needs a run id that every node shares",
+                "pass the same --rdzv-id ID (or --run-id) to every node, or set NVTRAIN_RUN_ID "
+                "(the Kubernetes manifests use the Job's uid)",
+            )
+        rid = new_run_id(policy.job.name)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", rid):
+        raise UsageError(
+            f"run id {rid!r} is not usable as a directory and rendezvous name",
+            "use letters, digits, '.', '_' and '-' (at most 128)",
+        )
+    return rid

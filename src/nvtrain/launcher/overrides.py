@@ -19,11 +19,11 @@ Off Kubernetes: ``--master-addr`` and ``--rdzv-endpoint HOST[:PORT]`` set ``[ren
 (and ``port``); under Slurm the step's node count and workers per node
 (``launcher.slurm``) stand in for ``[rendezvous] nodes`` and ``[job] nproc_per_node`` where
 neither the file nor a flag sets them. Paths are resolved against the directory ``nvtrain run``
-started in: a relative ``[checkpoint] dir`` (which ``nvtrain validate`` refuses, since workers
-may start elsewhere) and ``[job] script`` (so that the script's ``__file__`` is absolute, as
-under ``python`` and torchrun); and off a pod, a policy that does not set ``[checkpoint] dir``
-keeps its checkpoints in ``$TMPDIR/nvtrain`` (``script_checkpoint_dir``), as the script form
-does, not in ``/checkpoints`` at the filesystem's root.
+started in (``config.paths``): a relative ``[checkpoint] dir``, and ``[job] script`` (so that
+the script's ``__file__`` is absolute, as under ``python`` and torchrun); and off a pod, a
+policy that does not set ``[checkpoint] dir`` keeps its checkpoints in ``$TMPDIR/nvtrain``
+(``script_checkpoint_dir``), as the script form does, not in ``/checkpoints`` at the
+filesystem's root.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from nvtrain.config.checks import check
 from nvtrain.config.demo import DEMO_POLICY_SOURCE
 from nvtrain.config.derive import derive_defaults
 from nvtrain.config.load import validate_data
+from nvtrain.config.paths import resolve_path, resolve_relative
 from nvtrain.config.schema import Policy
 from nvtrain.config.validation import validate_file
 from nvtrain.errors import ConfigError, UsageError
@@ -105,6 +106,21 @@ class Overrides:
         found: dict[tuple[str, str], str] = {}
         if self.nproc_per_node is not None:
             found["job", "nproc_per_node"] = f"--nproc-per-node {self.nproc_per_node}"
+        self._rendezvous_flags(found)
+        if self.env_nproc is not None:
+            found.setdefault(("job", "nproc_per_node"), f"{self.env_nproc[1]} {_FROM_ENV}")
+        if self.max_restarts is not None:
+            found["restart.in_job", "max_restarts"] = f"--max-restarts {self.max_restarts}"
+        if self.no_warm_start:
+            found["job", "warm_start"] = "--no-warm-start"
+        entry = f"-m {self.module}" if self.module is not None else self.script
+        if entry is not None:
+            for key in ("script", "module", "args"):
+                found["job", key] = entry
+        return found
+
+    def _rendezvous_flags(self, found: dict[tuple[str, str], str]) -> None:
+        """Add to ``found`` (``flags``) the ``[rendezvous]`` keys these overrides set."""
         if self.standalone:
             for key in ("nodes", "min_nodes", "port"):
                 found["rendezvous", key] = "--standalone"
@@ -122,17 +138,6 @@ class Overrides:
                 found["rendezvous", "port"] = found["rendezvous", "host"]
         if self.env_nodes is not None:
             found.setdefault(("rendezvous", "nodes"), f"{self.env_nodes[1]} {_FROM_ENV}")
-        if self.env_nproc is not None:
-            found.setdefault(("job", "nproc_per_node"), f"{self.env_nproc[1]} {_FROM_ENV}")
-        if self.max_restarts is not None:
-            found["restart.in_job", "max_restarts"] = f"--max-restarts {self.max_restarts}"
-        if self.no_warm_start:
-            found["job", "warm_start"] = "--no-warm-start"
-        entry = f"-m {self.module}" if self.module is not None else self.script
-        if entry is not None:
-            for key in ("script", "module", "args"):
-                found["job", key] = entry
-        return found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,37 +323,25 @@ RDZV_BACKENDS = ("c10d", "static")
 _FROM_ENV = "(srun's environment)"
 """How a finding names a key that Slurm's variables set."""
 
-_FORGIVEN = {"job-entrypoint", "checkpoint-dir"}
+_FORGIVEN = {"job-entrypoint"}
 """Errors of a policy file that ``nvtrain run`` mends (``_load``)."""
 
 
 def _load(path: Path | None, *, entry: bool, cwd: Path) -> Policy | dict[str, Any]:
-    """The policy file at ``path`` (None: the demo's), validated; or, where its only errors are
-    what the command line mends, its written keys mended: no ``[job] script``/``module`` when
-    the command line names the script (``--policy FILE train.py``), a relative ``[checkpoint]
-    dir`` resolved against ``cwd``. ``ConfigError`` with every finding otherwise."""
-    result = validate_file(path)
+    """The policy file at ``path`` (None: the demo's), validated with a relative ``[checkpoint]
+    dir`` resolved against ``cwd`` (``config.paths.resolve_relative``); or, where its only
+    errors are what the command line mends, its written keys mended: no ``[job]
+    script``/``module`` when the command line names the script (``--policy FILE train.py``).
+    ``ConfigError`` with every finding otherwise."""
+    result = resolve_relative(validate_file(path), cwd)
     if result.ok:
         assert result.policy is not None
         return result.policy
-    errors = result.errors
     data = result.data
-    mendable = bool(data) and all(f.code in _FORGIVEN for f in errors)
-    ckpt = data.get("checkpoint") if isinstance(data.get("checkpoint"), dict) else {}
-    folder = ckpt.get("dir") if isinstance(ckpt, dict) else None
-    for f in errors:
-        if f.code == "job-entrypoint" and not entry:
-            mendable = False
-        if f.code == "checkpoint-dir" and not (isinstance(folder, str) and folder and "\0" not in folder):
-            mendable = False
-    if not mendable:
+    if not (entry and data and all(f.code in _FORGIVEN for f in result.errors)):
         raise ConfigError(result.source, result.findings)
-    mended: dict[str, Any] = {
-        key: dict(value) if isinstance(value, dict) else value for key, value in data.items()
-    }
-    if isinstance(folder, str) and not folder.startswith("/"):
-        mended["checkpoint"]["dir"] = os.path.normpath(cwd / folder)
-    if entry and isinstance(mended.get("job"), dict):
+    mended: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    if isinstance(mended.get("job"), dict):
         for key in ("script", "module"):
             mended["job"].pop(key, None)
     return mended
@@ -360,7 +353,7 @@ def _absolute_script(policy: Policy, cwd: Path) -> Policy:
     script = policy.job.script
     if script is None or Path(script).is_absolute():
         return policy
-    job = policy.job.model_copy(update={"script": os.path.normpath(cwd / script)})
+    job = policy.job.model_copy(update={"script": resolve_path(script, cwd)})
     return policy.model_copy(update={"job": job})
 
 

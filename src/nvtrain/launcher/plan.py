@@ -222,13 +222,8 @@ def build_plan(
     the private ``$TMPDIR`` of ft_launcher and the warm-start server (NVRx's IPC sockets, torch
     elastic's logs); the workers inherit it, and ``nvtrain.entry`` gives the script
     ``user_tmpdir`` instead (``$TMPDIR`` of ``nvtrain run``; empty: it was unset)."""
-    r, hb, job = policy.rendezvous, policy.heartbeat, policy.job
-    if identity.standalone:
-        host, wait_for = "127.0.0.1", None
-    elif identity.store_host is not None:  # bare metal, Slurm: an address or a host name
-        host = wait_for = identity.store_host.strip("[]")
-    else:
-        host = wait_for = store_name(policy, identity.names)
+    r, job = policy.rendezvous, policy.job
+    host, wait_for = _store_host(policy, identity)
     control = r.store == "control" and not identity.standalone
     # With a control pod no training pod hosts the store, and the rendezvous is named after the
     # job: the control pod belongs to another Kubernetes Job and cannot read this one's uid.
@@ -258,33 +253,11 @@ def build_plan(
         argv.append(f"--local-addr={identity.address}")
     if ft_config_path:
         argv.append(f"--ft-cfg-path={ft_config_path}")
-    argv += _ft_options(hb)
-    if nvrx.supports_min_healthy:
-        argv.append(f"--ft-restart-policy={policy.restart.in_job.policy}")
-        if not identity.has_infiniband:
-            argv.append("--ft-enable-nic-monitor=false")
-    else:
-        if not identity.has_infiniband:
-            argv.append("--ft-enable-nic-healthcheck=false")
-        if not identity.has_gpu:
-            argv.append("--ft-gpu-memory-reclaim-timeout=0")
+    argv += _ft_options(policy.heartbeat)
+    argv += _health_options(policy, identity, nvrx)
     argv += launcher_options
-    target = ["-m", job.module] if job.module is not None else [str(job.script)]
-    zygote: list[str] | None = None
-    warm = job.warm_start  # on by default, plain torchrun scripts included
-    if warm and zygote_path:
-        # Workers are forked from a warm interpreter (nvtrain.zygote); the client stands in
-        # for each one towards ft_launcher.
-        argv += ["-m", ZYGOTE_CLIENT, *target]
-        zygote = [python, "-m", ZYGOTE_SERVER, "--socket", zygote_path]
-        zygote += ["--module", str(job.module)] if job.module is not None else ["--script", str(job.script)]
-        if not worker_library:
-            zygote.append("--plain")
-    else:
-        # The script runs as ``python SCRIPT`` would, and its process skips the interpreter's
-        # finalization at the end, where torch can abort a finished rank (nvtrain.entry).
-        argv += ["-m", ENTRY, *target]
-    argv += [*job.args, *extra_args]
+    entrypoint, zygote = _entrypoint(job, python, zygote_path, worker_library)
+    argv += [*entrypoint, *job.args, *extra_args]
     env = {
         "NVTRAIN_POLICY": policy_path,
         "NVTRAIN_RUN_ID": identity.run_id,
@@ -301,13 +274,65 @@ def build_plan(
     if launcher_tmp:
         env["TMPDIR"] = launcher_tmp
         env[USER_TMPDIR_ENV] = user_tmpdir
-    # Only what the chosen layers need: a plain torchrun script keeps torch's and NCCL's defaults.
+    defaults = _env_defaults(policy, worker_library)
+    return LaunchPlan(argv, env, endpoint, is_host, wait_for, job.stop_timeout, defaults, zygote)
+
+
+def _store_host(policy: Policy, identity: Identity) -> tuple[str, str | None]:
+    """(the rendezvous store's host, the name to wait for in DNS: None for a one-node job)."""
+    if identity.standalone:
+        return "127.0.0.1", None
+    if identity.store_host is not None:  # bare metal, Slurm: an address or a host name
+        host = identity.store_host.strip("[]")
+    else:
+        host = store_name(policy, identity.names)
+    return host, host
+
+
+def _health_options(policy: Policy, identity: Identity, nvrx: NvrxVersion) -> list[str]:
+    """ft_launcher's restart policy and node health checks, spelled for the installed NVRx: the
+    checks of hardware this node does not have are turned off."""
+    options: list[str] = []
+    if nvrx.supports_min_healthy:
+        options.append(f"--ft-restart-policy={policy.restart.in_job.policy}")
+        if not identity.has_infiniband:
+            options.append("--ft-enable-nic-monitor=false")
+    else:
+        if not identity.has_infiniband:
+            options.append("--ft-enable-nic-healthcheck=false")
+        if not identity.has_gpu:
+            options.append("--ft-gpu-memory-reclaim-timeout=0")
+    return options
+
+
+def _entrypoint(
+    job: Job, python: str, zygote_path: str | None, worker_library: bool
+) -> tuple[list[str], list[str] | None]:
+    """(what ft_launcher runs for each worker, before the script's arguments; the warm-start
+    server's command line, None without warm starts)."""
+    target = ["-m", job.module] if job.module is not None else [str(job.script)]
+    if not (job.warm_start and zygote_path):  # on by default, plain torchrun scripts included
+        # The script runs as ``python SCRIPT`` would, and its process skips the interpreter's
+        # finalization at the end, where torch can abort a finished rank (nvtrain.entry).
+        return ["-m", ENTRY, *target], None
+    # Workers are forked from a warm interpreter (nvtrain.zygote); the client stands in for
+    # each one towards ft_launcher.
+    zygote = [python, "-m", ZYGOTE_SERVER, "--socket", zygote_path]
+    zygote += ["--module", str(job.module)] if job.module is not None else ["--script", str(job.script)]
+    if not worker_library:
+        zygote.append("--plain")
+    return ["-m", ZYGOTE_CLIENT, *target], zygote
+
+
+def _env_defaults(policy: Policy, worker_library: bool) -> dict[str, str]:
+    """Environment defaults for the workers (a variable already set wins): only what the chosen
+    layers need, so a plain torchrun script keeps torch's and NCCL's defaults."""
     defaults: dict[str, str] = {}
     if policy.restart.in_process.enabled and worker_library:
         # The in-process layer polls its stores every second; c10d logs each poll timeout.
         defaults["TORCH_CPP_LOG_LEVEL"] = "ERROR"
-        if job.backend != "gloo":
+        if policy.job.backend != "gloo":
             # What NVRx's in-process restart needs from NCCL: errors raised, not fatal, and no
             # NVLink SHARP (multicast) communicators, which cannot be aborted.
             defaults.update({"TORCH_NCCL_RETHROW_CUDA_ERRORS": "0", "NCCL_NVLS_ENABLE": "0"})
-    return LaunchPlan(argv, env, endpoint, is_host, wait_for, job.stop_timeout, defaults, zygote)
+    return defaults

@@ -480,7 +480,7 @@ class Supervisor:
         for text in lines:
             try:
                 launchers, shown = sorter.sort(text)
-            except Exception as exc:  # any: see above
+            except Exception as exc:  # noqa: BLE001 - any: the pipe must be drained (see above)
                 self._failed_once(failed, "sorting", exc)
                 launchers, shown = False, True
             echoed = text
@@ -494,20 +494,20 @@ class Supervisor:
                     with self._log_lock:
                         self.launcher_log.write(text)
                         self.launcher_log.flush()
-                except Exception as exc:  # any: see above
+                except Exception as exc:  # noqa: BLE001 - any: the pipe must be drained (see above)
                     self._failed_once(failed, "logging", exc)
             if shown or self.verbose:
                 try:
                     dest.write(text if self.verbose else echoed)
                     dest.flush()
-                except Exception as exc:  # any: see above
+                except Exception as exc:  # noqa: BLE001 - any: the pipe must be drained (see above)
                     self._failed_once(failed, "echoing", exc)
             try:
                 for record in self.watch.line(text, stream=stream):
                     self.emit(record)
                 if self.watch.escalated:
                     self.escalate()
-            except Exception as exc:  # any: see above
+            except Exception as exc:  # noqa: BLE001 - any: the pipe must be drained (see above)
                 self._failed_once(failed, "reading events from", exc)
 
     def _failed_once(self, failed: set[str], doing: str, exc: Exception) -> None:

@@ -247,18 +247,7 @@ class Watch:
             with self.lock:
                 self.usage_error = text[len(USAGE_ERROR) :].strip()
             return []
-        plain = self._plain.setdefault(stream, PlainTraceback())
-        error = plain.feed(text)
-        if error is not None:
-            with self.lock:
-                self._plain_errors.append(error)
-        raised = read_raised(text)
-        if raised is not None:
-            with self.lock:
-                if raised.error is None:
-                    self._raised.setdefault(raised.rank, None)
-                elif raised.rank in self._raised:  # the last line of its traceback
-                    self._raised[raised.rank] = raised.error
+        if self._traceback_line(text, stream):
             return []
         record = read_line(text)
         if record is None:
@@ -266,24 +255,48 @@ class Watch:
         with self.lock:
             if isinstance(record, WorkerFailed):
                 return self._failed(record)
-            if isinstance(record, RendezvousDone):
-                # The workers start right after it. Their own worker_start, when they log one,
-                # is later and says so exactly; this is the start for scripts that log nothing.
-                self._new_attempt()
-                self.world_nodes = record.nodes
-            elif isinstance(record, RestartBegin):
-                self._restart_lines += 1
-                self.hang_check = True
-            elif isinstance(record, HangDetected):
-                self.hang_check = self._hang_reported = True
-                if record.local_rank is not None:
-                    self._hangs.add(record.local_rank)
-                if record.rank is not None:
-                    self._hung_ranks.add(record.rank)
-            elif isinstance(record, LauncherError):
-                self.launcher_error = record.message
-                self.rendezvous_timeout = record.error == RENDEZVOUS_TIMEOUT
+            self._note(record)
         return [record]
+
+    def _traceback_line(self, text: str, stream: str) -> bool:
+        """Follow the tracebacks in ``stream``: a plain script's, and the ranks that raised
+        (their first and last lines); whether ``text`` was one of the latter (nothing more to
+        read in it)."""
+        plain = self._plain.setdefault(stream, PlainTraceback())
+        error = plain.feed(text)
+        if error is not None:
+            with self.lock:
+                self._plain_errors.append(error)
+        raised = read_raised(text)
+        if raised is None:
+            return False
+        with self.lock:
+            if raised.error is None:
+                self._raised.setdefault(raised.rank, None)
+            elif raised.rank in self._raised:  # the last line of its traceback
+                self._raised[raised.rank] = raised.error
+        return True
+
+    def _note(self, record: Event) -> None:
+        """What a record of ft_launcher's (not a worker failure) tells: a new attempt, a restart
+        or hang to check, a launcher error. Called with the lock held."""
+        if isinstance(record, RendezvousDone):
+            # The workers start right after it. Their own worker_start, when they log one,
+            # is later and says so exactly; this is the start for scripts that log nothing.
+            self._new_attempt()
+            self.world_nodes = record.nodes
+        elif isinstance(record, RestartBegin):
+            self._restart_lines += 1
+            self.hang_check = True
+        elif isinstance(record, HangDetected):
+            self.hang_check = self._hang_reported = True
+            if record.local_rank is not None:
+                self._hangs.add(record.local_rank)
+            if record.rank is not None:
+                self._hung_ranks.add(record.rank)
+        elif isinstance(record, LauncherError):
+            self.launcher_error = record.message
+            self.rendezvous_timeout = record.error == RENDEZVOUS_TIMEOUT
 
     def poll_workers(self) -> None:
         """Read what the workers logged since the last look; show faults, in-process restarts

@@ -50,7 +50,7 @@ class UpdateErrors:
         figures stay as they were. ``what`` names the figures in the log line."""
         try:
             figures.update()
-        except Exception as exc:  # any: the endpoint goes on serving whatever failed
+        except Exception as exc:  # noqa: BLE001 - any: the endpoint goes on serving whatever failed
             self.record(exc, what)
 
     def record(self, exc: Exception, what: str) -> None:

@@ -26,7 +26,10 @@ POD_FAMILIES: dict[str, tuple[str, str]] = {
         "counter",
         "Launcher starts in this pod's log: 1, and 1 more for each time Kubernetes replaced the pod.",
     ),
-    "pod_worker_failures": ("counter", "Workers of this pod that ft_launcher saw exit with an error."),
+    "pod_worker_failures": (
+        "counter",
+        "Workers of this pod that ft_launcher saw exit with an error (a worker told to stop is not counted).",
+    ),
     "pod_step": ("gauge", "The step this pod's workers logged last."),
     "pod_last_step_timestamp_seconds": (
         "gauge",

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nvtrain.live.errors import ERRORS_HELP, ERRORS_METRIC, UpdateErrors
+from nvtrain.live.figures import Family, Sample
 from nvtrain.live.follow import LiveFigures
 from nvtrain.live.pod import JOB_VIEW_RANK, PodFigures
 from nvtrain.runlog import pod_events_file
@@ -93,12 +94,7 @@ def serve(config: Metrics, events: Path, *, run_id: str, node_rank: int, address
     ``OSError`` when the port cannot be bound; the caller names the policy key.
     """
     from prometheus_client import CollectorRegistry, start_http_server
-    from prometheus_client.core import (
-        CounterMetricFamily,
-        GaugeMetricFamily,
-        HistogramMetricFamily,
-        InfoMetricFamily,
-    )
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
     from prometheus_client.registry import Collector
 
     live = LiveFigures(events, config.refresh) if node_rank == JOB_VIEW_RANK else None
@@ -129,27 +125,8 @@ def serve(config: Metrics, events: Path, *, run_id: str, node_rank: int, address
             failed = CounterMetricFamily(ERRORS_METRIC, ERRORS_HELP, labels=["run_id", "node_rank"])
             failed.add_metric([run_id, str(node_rank)], float(errors.count))
             yield failed
-            for fam, samples in live.served() if live is not None else ():
-                names = sorted({k for _, labels, _ in samples for k in labels if k != "le"})
-                if fam.kind == "histogram":
-                    histogram = HistogramMetricFamily(fam.name, fam.help, labels=["run_id", *names])
-                    buckets: dict[tuple[str, ...], list[tuple[str, float]]] = {}
-                    sums: dict[tuple[str, ...], float] = {}
-                    for suffix, labels, value in samples:
-                        key = tuple(labels.get(k, "") for k in names)
-                        if suffix == "_bucket":
-                            buckets.setdefault(key, []).append((labels["le"], value))
-                        else:
-                            sums[key] = value
-                    for key, counts in buckets.items():
-                        histogram.add_metric([run_id, *key], counts, sums.get(key, 0.0))
-                    yield histogram
-                    continue
-                cls = CounterMetricFamily if fam.kind == "counter" else GaugeMetricFamily
-                metric = cls(fam.name, fam.help, labels=["run_id", *names])
-                for _, labels, value in samples:
-                    metric.add_metric([run_id, *(labels.get(k, "") for k in names)], value)
-                yield metric
+            if live is not None:
+                yield from _job_families(live.served(), run_id)
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector())
@@ -158,3 +135,38 @@ def serve(config: Metrics, events: Path, *, run_id: str, node_rank: int, address
     updater.start()
     port = int(server.server_address[1])
     return MetricsServer(server, [thread, updater], stop, port, live, pod, errors)
+
+
+def _job_families(served: list[tuple[Family, list[Sample]]], run_id: str) -> Iterator[Any]:
+    """The job's figures (``LiveFigures.served``) as ``prometheus_client`` families, every
+    sample labelled with ``run_id``."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    for fam, samples in served:
+        names = sorted({k for _, labels, _ in samples for k in labels if k != "le"})
+        if fam.kind == "histogram":
+            yield _histogram(fam, samples, names, run_id)
+            continue
+        cls = CounterMetricFamily if fam.kind == "counter" else GaugeMetricFamily
+        metric = cls(fam.name, fam.help, labels=["run_id", *names])
+        for _, labels, value in samples:
+            metric.add_metric([run_id, *(labels.get(k, "") for k in names)], value)
+        yield metric
+
+
+def _histogram(fam: Family, samples: list[Sample], names: list[str], run_id: str) -> Any:
+    """A histogram family from its ``_bucket`` and ``_sum`` samples, one series per label set."""
+    from prometheus_client.core import HistogramMetricFamily
+
+    histogram = HistogramMetricFamily(fam.name, fam.help, labels=["run_id", *names])
+    buckets: dict[tuple[str, ...], list[tuple[str, float]]] = {}
+    sums: dict[tuple[str, ...], float] = {}
+    for suffix, labels, value in samples:
+        key = tuple(labels.get(k, "") for k in names)
+        if suffix == "_bucket":
+            buckets.setdefault(key, []).append((labels["le"], value))
+        else:
+            sums[key] = value
+    for key, counts in buckets.items():
+        histogram.add_metric([run_id, *key], counts, sums.get(key, 0.0))
+    return histogram

@@ -197,21 +197,7 @@ def _draw_steps(ax: Axes, report: Report, scale: float) -> None:
     The stretches of one kind are one line, broken between stretches."""
     from matplotlib.collections import LineCollection
 
-    kept_line: list[tuple[float, float]] = []
-    lost_line: list[tuple[float, float]] = []
-    down: list[list[tuple[float, float]]] = []
-    previous: tuple[float, int] | None = None
-    for seg in report.segments:
-        if not seg.points:
-            continue
-        kept, lost = _split_line(seg)
-        if previous is not None:  # from the last step before the fault to the resumed one
-            down.append([(previous[0] / scale, previous[1]), (seg.points[0][0] / scale, seg.points[0][1])])
-        for line, part in ((kept_line, kept), (lost_line, lost)):
-            if part:
-                line.extend((t / scale, s) for t, s in part)
-                line.append(_BREAK)
-        previous = (seg.end_t, seg.last_step)
+    kept_line, lost_line, down = _step_lines(report, scale)
     if down:
         ax.add_collection(
             LineCollection(
@@ -233,8 +219,36 @@ def _draw_steps(ax: Axes, report: Report, scale: float) -> None:
             zorder=3,
             label="checkpoint committed",
         )
-    if len(report.incidents) > _MAX_LABELS:
-        return
+    if len(report.incidents) <= _MAX_LABELS:
+        _label_resumes(ax, report, scale)
+
+
+_Line = list[tuple[float, float]]
+
+
+def _step_lines(report: Report, scale: float) -> tuple[_Line, _Line, list[_Line]]:
+    """(the kept steps' line, the rolled-back steps' line, each jump from the last step before a
+    fault to the first one after it), in ``scale`` units of time."""
+    kept_line: _Line = []
+    lost_line: _Line = []
+    down: list[_Line] = []
+    previous: tuple[float, int] | None = None
+    for seg in report.segments:
+        if not seg.points:
+            continue
+        kept, lost = _split_line(seg)
+        if previous is not None:  # from the last step before the fault to the resumed one
+            down.append([(previous[0] / scale, previous[1]), (seg.points[0][0] / scale, seg.points[0][1])])
+        for line, part in ((kept_line, kept), (lost_line, lost)):
+            if part:
+                line.extend((t / scale, s) for t, s in part)
+                line.append(_BREAK)
+        previous = (seg.end_t, seg.last_step)
+    return kept_line, lost_line, down
+
+
+def _label_resumes(ax: Axes, report: Report, scale: float) -> None:
+    """``resumed after N`` at each incident's end, where it restored a checkpoint."""
     for inc in report.incidents:
         if inc.end_t is not None and inc.restored_step is not None:
             ax.annotate(

@@ -65,6 +65,22 @@ def find_stretch(part: Sequence[Event]) -> Stretch:
     for step, at in faults.items():
         times.setdefault(step, [at])
     points = sorted(((statistics.median(stamps), step) for step, stamps in times.items()), key=lambda p: p[1])
+    return Stretch(first_step, _resumed(firsts, restored), tuple(points), _intervals(points, blocked))
+
+
+def _resumed(firsts: list[int], restored: CheckpointRestored | None) -> int:
+    """``Stretch.resumed``: before the first completed step of an attempt (``firsts``), else
+    the step the last load restored, else 0."""
+    if firsts:
+        return min(firsts) - 1
+    return (restored.step or 0) if restored is not None else 0
+
+
+def _intervals(
+    points: list[tuple[float, int]], blocked: dict[int, float]
+) -> tuple[tuple[int, int, float], ...]:
+    """``Stretch.intervals`` between the ``points`` (by step), less the seconds each save in
+    between blocked the loop (``blocked``: by step)."""
     saved = sorted(blocked)
     intervals = []
     for (ta, sa), (tb, sb) in zip(points, points[1:], strict=False):
@@ -72,11 +88,7 @@ def find_stretch(part: Sequence[Event]) -> Stretch:
             continue
         stall = sum(blocked[x] for x in saved[bisect.bisect_left(saved, sa) : bisect.bisect_left(saved, sb)])
         intervals.append((sa, sb, max(0.0, tb - ta - stall) / (sb - sa)))
-    if firsts:
-        resumed = min(firsts) - 1
-    else:
-        resumed = (restored.step or 0) if restored is not None else 0
-    return Stretch(first_step, resumed, tuple(points), tuple(intervals))
+    return tuple(intervals)
 
 
 def logged_step_times(events: Sequence[Event]) -> tuple[float, ...]:

@@ -209,7 +209,7 @@ class Context:
             done = self.heartbeat.calculate_timeouts(
                 self.policy.heartbeat.initial_timeout, self._timeout_floor()
             )
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - never stops training: hang detection stays as it was
             self._timeouts_pending = False  # once: a collective cannot be retried by some ranks
             if self.rank == 0 or not dist.is_initialized():
                 say(

@@ -262,9 +262,8 @@ class _Reader:
         self.starts = [pieces[0][0] for pieces in chunks]
         self.plans = [_schedule(pieces, targets) for pieces in chunks]
         self.readers = readers
-        self.window = readers + 2
-        """Chunks read ahead of the one being hashed: one per reader, and two done (the staging
-        buffers are a chunk each, page-locked when the state is on a GPU)."""
+        self.window = 2 * readers
+        """Chunks read ahead of the one being hashed."""
         devices = {t.device for t in targets.device.values()}
         assert len(devices) <= 1 and {d.type for d in devices} <= {"cuda"}, (
             f"a rank's state is on the CPU and one GPU, not on {sorted(map(str, devices))}"

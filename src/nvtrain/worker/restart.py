@@ -18,7 +18,6 @@ import os
 import re
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +29,8 @@ import torch.distributed as dist
 
 from nvtrain import entry
 from nvtrain.config.schema import Policy
+from nvtrain.config.timeouts import settle_time
+from nvtrain.config.wrapper_plan import WrapperFeatures, plan_wrapper
 from nvtrain.events import EventLog
 from nvtrain.events.records import (
     AttemptStart,
@@ -45,7 +46,7 @@ from nvtrain.worker.context import Context
 from nvtrain.worker.faults import FaultInjector
 from nvtrain.worker.gloo_cut import GlooLinks
 from nvtrain.worker.heartbeat import KEEP_ALIVE_FALLBACK, Heartbeat
-from nvtrain.worker.settings import WorkerSettings, load_settings
+from nvtrain.worker.settings import WorkerSettings, load_settings, say
 
 __all__ = ["run"]
 
@@ -164,7 +165,7 @@ def settle_limit(policy: Policy) -> float:
     if not policy.checkpoint.finish_in_flight:
         return 0.0
     ip = policy.restart.in_process
-    return max(0.0, (ip.hard_timeout - ip.soft_timeout) / 2)
+    return settle_time(ip.soft_timeout, ip.hard_timeout)
 
 
 def stop_limit(policy: Policy, events_path: Path | None) -> float:
@@ -245,35 +246,41 @@ def run(main: Main) -> Any:
             return _run_in_process(main, settings, events, heartbeat, faults)
         return _attempt(main, settings, events, heartbeat, faults, iteration=0)
     except BaseException as exc:
-        signum = stopping.requested()
-        if signum is not None:
-            # Whatever ends the way out (NVRx may turn it into its own exception), a stop is a stop.
-            stopping.exit_now(signum)
-        reason = _gave_up(exc)
-        if reason is None:
-            raise
-        # The in-process layer gave up (a peer died and the world fell below min_world_size, or
-        # its attempts ran out): the in-job layer takes over. One line, not a traceback.
-        if events is not None:
-            with contextlib.suppress(Exception):
-                events.emit(WorkerGaveUp(rank=rank, reason=reason))
-        print(
-            f"nvtrain: rank {rank}: in-process restart gave up ({reason}); ft_launcher restarts the workers",
-            file=sys.stderr,
-            flush=True,
-        )
-        if "min_world_size" in reason:
-            # A peer died: let ft_launcher see that first (its next look at the workers stops this
-            # one too), so the run's root cause names the dead rank, not this survivor.
-            with contextlib.suppress(stopping.Stopped):
-                time.sleep(2 * min(policy.heartbeat.monitor_interval, 1.0) + 1.0)
-            signum = stopping.requested()
-            if signum is not None:
-                stopping.exit_now(signum)
-        stopping.exit_with(1)
-        raise  # not reached
+        _end(exc, rank, events, policy)
+        raise  # not reached when the in-process layer gave up or a stop was requested
     finally:
         heartbeat.stop()
+
+
+def _end(exc: BaseException, rank: int, events: EventLog | None, policy: Policy) -> None:
+    """The way out of ``run`` on an exception: a requested stop exits as a stop; when NVRx's
+    in-process layer gave up, one line (not a traceback) and exit 1 for the in-job layer to take
+    over; any other exception returns, for ``run`` to raise."""
+    signum = stopping.requested()
+    if signum is not None:
+        # Whatever ends the way out (NVRx may turn it into its own exception), a stop is a stop.
+        stopping.exit_now(signum)
+    reason = _gave_up(exc)
+    if reason is None:
+        return
+    # The in-process layer gave up (a peer died and the world fell below min_world_size, or
+    # its attempts ran out): the in-job layer takes over. One line, not a traceback.
+    if events is not None:
+        with contextlib.suppress(Exception):
+            events.emit(WorkerGaveUp(rank=rank, reason=reason))
+    say(
+        f"in-process restart gave up ({reason}); ft_launcher restarts the workers",
+        prefix=f"nvtrain: rank {rank}: ",
+    )
+    if "min_world_size" in reason:
+        # A peer died: let ft_launcher see that first (its next look at the workers stops this
+        # one too), so the run's root cause names the dead rank, not this survivor.
+        with contextlib.suppress(stopping.Stopped):
+            time.sleep(2 * min(policy.heartbeat.monitor_interval, 1.0) + 1.0)
+        signum = stopping.requested()
+        if signum is not None:
+            stopping.exit_now(signum)
+    stopping.exit_with(1)
 
 
 def _gave_up(exc: BaseException) -> str | None:
@@ -317,22 +324,15 @@ def _run_in_process(
     from nvidia_resiliency_ext import inprocess
     from nvidia_resiliency_ext.inprocess.monitor_thread import RankShouldRestart
 
-    ip = settings.policy.restart.in_process
-    soft, hard = ip.soft_timeout, ip.hard_timeout
-    barrier = hard + max(30.0, soft)
-    tick = datetime.timedelta(seconds=min(1.0, soft / 10))
-    # NVRx's monitor process checks the timeouts only when its queue read times out, and the
-    # progress watchdog sends it a message every tick: with equal intervals a read almost never
-    # times out and a hang in Python went undetected until the heartbeat timeout. Reading four
-    # times as often as messages arrive lets the check run.
-    monitor_tick = tick / 4
-    # NVRx's monitor thread waits on the store for an interruption, `monitor_thread_interval` at a
-    # time, on the client that the rank's completion (`record_completed`) then uses: the client
-    # serialises the two, so a finished run waited up to a whole interval (1 s) before it could
-    # exit. Shorter waits cost store requests (one wait and its cancel per rank per interval):
-    # 0.1 s up to 100 ranks, growing with the world to `tick` at 1,000 (1,000 waits/s at most).
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    monitor_wait = min(tick, datetime.timedelta(seconds=max(0.1, world / 1000)))
+    # The arguments, with the reasons for each value: config/wrapper_plan.py (`--dry-run` shows them).
+    world = int(os.environ["WORLD_SIZE"])
+    plan = plan_wrapper(
+        settings.policy,
+        world=world,
+        has_gpu=torch.cuda.is_available(),
+        features=WrapperFeatures.of(inspect.signature(inprocess.Wrapper).parameters, None),
+    )
+    assert plan.monitor_thread_interval is not None and plan.min_world_size is not None  # world known
     interrupted: list[str] = []  # the first interruption NVRx raised in this attempt, if any
 
     class _DropCheckpoint(inprocess.finalize.Finalize):  # type: ignore[misc]
@@ -374,40 +374,38 @@ def _run_in_process(
                     ctx.settle(settle_limit(settings.policy))
             return abort_collectives(state)
 
-    health = inprocess.health_check.CudaHealthCheck() if torch.cuda.is_available() else None
-    # [restart.in_process] failure_window is NVRx's last_call_wait (0.4 to 0.7; 1 s by default).
-    window = {"last_call_wait": datetime.timedelta(seconds=ip.window)}
-    if "last_call_wait" not in inspect.signature(inprocess.Wrapper).parameters:
-        window = {}
+    health = inprocess.health_check.CudaHealthCheck() if plan.cuda_health_check else None
+    # [restart.in_process] failure_window is NVRx's last_call_wait where the Wrapper takes it.
+    window = {"last_call_wait": plan.last_call_wait} if plan.last_call_wait_passed else {}
     wrapper = inprocess.Wrapper(
         **window,
-        store_kwargs={"timeout": datetime.timedelta(seconds=barrier)},
+        store_kwargs={"timeout": plan.barrier_timeout},
         initialize=inprocess.initialize.RetryController(
-            max_iterations=ip.max_attempts, min_world_size=ip.min_world_size or int(os.environ["WORLD_SIZE"])
+            max_iterations=plan.max_iterations, min_world_size=plan.min_world_size
         ),
         abort=_SettleThenAbort(),
         finalize=_DropCheckpoint(),
         health_check=health,
-        soft_timeout=datetime.timedelta(seconds=soft),
-        hard_timeout=datetime.timedelta(seconds=hard),
-        heartbeat_timeout=datetime.timedelta(seconds=min(soft, barrier / 2)),
-        barrier_timeout=datetime.timedelta(seconds=barrier),
-        completion_timeout=datetime.timedelta(seconds=barrier),
-        monitor_thread_interval=monitor_wait,
-        monitor_process_interval=monitor_tick,
-        heartbeat_interval=tick,
-        progress_watchdog_interval=tick,
+        soft_timeout=plan.soft_timeout,
+        hard_timeout=plan.hard_timeout,
+        heartbeat_timeout=plan.heartbeat_timeout,
+        barrier_timeout=plan.barrier_timeout,
+        completion_timeout=plan.barrier_timeout,
+        monitor_thread_interval=plan.monitor_thread_interval,
+        monitor_process_interval=plan.monitor_process_interval,
+        heartbeat_interval=plan.heartbeat_interval,
+        progress_watchdog_interval=plan.heartbeat_interval,
     )
-    if hasattr(wrapper, "restart_health_check") and not torch.cuda.is_available():
+    if plan.replaces_restart_health_check(hasattr(wrapper, "restart_health_check")):
         # NVRx 0.6+ adds GPU, NVLink and NIC checks to every restart; without a GPU they fail,
         # with one they stay.
         wrapper.restart_health_check = wrapper.health_check
     base_store = dist.TCPStore(  # type: ignore[attr-defined]
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]) + 1,
-        world_size=int(os.environ["WORLD_SIZE"]),
+        world_size=world,
         is_master=int(os.environ["RANK"]) == 0,
-        timeout=datetime.timedelta(seconds=barrier),
+        timeout=plan.barrier_timeout,
         multi_tenant=True,
         use_libuv=True,
         wait_for_workers=False,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import sys
 from collections.abc import Mapping
@@ -18,15 +19,57 @@ from nvtrain.config.schema import Policy
 from nvtrain.events import Event, EventLog
 from nvtrain.events.records import EventsLogError, EventsLogResumed
 
-__all__ = ["WorkerSettings", "load_settings", "say"]
+__all__ = ["LOGGER", "WorkerSettings", "load_settings", "say"]
+
+LOGGER = logging.getLogger("nvtrain.worker")
+"""The worker library's logger: every line it writes for the pod's log is a ``WARNING`` record
+here (see docs/worker.md, "Logging")."""
 
 
-def say(message: str) -> None:
-    """One line on this worker's stderr (ft_launcher passes it to the pod's log), prefixed with
-    the rank; a failing stderr is ignored (this only ever reports a problem)."""
+class _Fallback(logging.Handler):
+    """Writes a record as ``nvtrain worker rank <RANK>: <message>`` to stderr (ft_launcher passes
+    it to the pod's log) unless the application gave ``nvtrain.worker`` a handler of its own (or
+    the child logger the record comes from). Handlers above it (``nvtrain``, the root logger's)
+    do not count: records propagate to them as well (an application's ``logging.basicConfig()``
+    sees them), and the pod's log keeps its lines whatever those do (pytest's capture, for one,
+    sits on the root logger). A failing stderr is ignored (these lines only ever report a
+    problem)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._others(record.name):
+            return
+        prefix = getattr(record, "prefix", None)
+        if prefix is None:
+            prefix = f"nvtrain worker rank {getattr(record, 'rank', '0')}: "
+        with contextlib.suppress(OSError, ValueError):
+            print(f"{prefix}{record.getMessage()}", file=sys.stderr, flush=True)
+
+    def _others(self, name: str) -> bool:
+        """Whether a handler other than this one is on the record's way from ``name`` up to
+        ``nvtrain.worker``."""
+        logger: logging.Logger | None = logging.getLogger(name)
+        while logger is not None:
+            if any(handler is not self for handler in logger.handlers):
+                return True
+            if logger is LOGGER or not logger.propagate:
+                return False
+            logger = logger.parent
+        return False
+
+
+if not any(isinstance(handler, _Fallback) for handler in LOGGER.handlers):
+    LOGGER.addHandler(_Fallback())
+
+
+def say(message: str, *, prefix: str | None = None) -> None:
+    """One ``WARNING`` record on the ``nvtrain.worker`` logger, with this worker's rank
+    (``record.rank``); by default one line on stderr, prefixed with the rank (``prefix``
+    replaces that prefix there)."""
     rank = os.environ.get("RANK", "0")
-    with contextlib.suppress(OSError, ValueError):
-        print(f"nvtrain worker rank {rank}: {message}", file=sys.stderr, flush=True)
+    extra: dict[str, object] = {"rank": rank}
+    if prefix is not None:
+        extra["prefix"] = prefix
+    LOGGER.warning("%s", message, extra=extra, stacklevel=2)
 
 
 def _report_events_log(event: Event) -> None:

@@ -208,11 +208,7 @@ def _stand_in(reader: Reader, pid: int, worker: int | None, server_pid: int) -> 
     while True:
         if ended and server_gone and not closed:
             closed = not _drain(reader)  # nobody writes any more: all that was written is here
-        for message in _messages(reader):
-            if message.get("from") == "worker":
-                own = message
-            elif "exit" in message or "signal" in message:
-                _die_like(message)
+        own = _take_messages(reader, own)
         if ended and (server_gone or closed):
             _without_server(pid, own)
         if closed:
@@ -231,6 +227,17 @@ def _stand_in(reader: Reader, pid: int, worker: int | None, server_pid: int) -> 
             else:
                 continue
             poller.unregister(fd)
+
+
+def _take_messages(reader: Reader, own: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Read the whole messages in the reader's buffer: the server's word on the worker's end
+    ends this process alike (``_die_like``); the worker's own word is returned (else ``own``)."""
+    for message in _messages(reader):
+        if message.get("from") == "worker":
+            own = message
+        elif "exit" in message or "signal" in message:
+            _die_like(message)
+    return own
 
 
 def _drain(reader: Reader) -> bool:

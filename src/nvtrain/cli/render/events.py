@@ -45,7 +45,7 @@ class _WarningLines(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             print_warnings([record.getMessage()])
-        except Exception:  # the stream is gone, or the message does not format: logging's way
+        except Exception:  # noqa: BLE001 - the stream is gone, or the message does not format: logging's way
             self.handleError(record)
 
 
@@ -86,6 +86,7 @@ def _plain_event(record: Event) -> None:
 
 _EVENT_STYLE = {
     "worker_failed": "bold red",
+    "worker_ended": "dim",  # told to stop: no fault
     "launcher_exit": "bold",
     "restart_begin": "yellow",
     "relaunch": "yellow",

@@ -50,33 +50,48 @@ def _dist(stats: Stats | None, unit: str = "s") -> str:
 def print_report(report: Report, timeline: Path | None) -> None:
     """The run at a glance: goodput with its definitions, incidents and their recovery phases,
     per-layer distributions, restarts, rollback, freshness, checkpoints."""
-    from nvtrain.report import INFRASTRUCTURE_GOODPUT, PHASES, TRAINING_GOODPUT
-
     # Logs and pipes get whole rows rather than tables squeezed to 80 columns.
     con = out if out.is_terminal else make_console(highlight=False, soft_wrap=False, width=_PIPE_WIDTH)
+    con.print(_headline(report))
+    con.print("[bold]Goodput[/]")
+    con.print(_goodput_table(report))
+    if report.incidents:
+        _print_incidents(con, report)
+    else:
+        con.print("[green]No faults and no restarts.[/]")
+    _print_checkpoints(con, report)
+    if timeline is not None:
+        con.print(f"timeline: {escape(str(timeline))}", soft_wrap=True)
+    for note in report.notes:
+        con.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
 
-    def say(*items: Any) -> None:
-        con.print(*items)
 
-    split = report.time
+def _headline(report: Report) -> str:
+    """The run's id, size, length, exit and final step, and the log it was read from."""
     run = f"run {report.run_id}" if report.run_id else "run"
     facts = [f"{report.nodes} node{'s' if report.nodes != 1 else ''}"]
     if report.ranks is not None:
         facts.append(f"{report.ranks} rank{'s' if report.ranks != 1 else ''}")
-    facts.append(f"{_secs(split.total)} in all")
+    facts.append(f"{_secs(report.time.total)} in all")
     facts.append("no launcher_exit" if report.exit_code is None else f"exit {report.exit_code}")
     if report.final_step is not None:
         facts.append(f"final step {report.final_step}")
-    say(f"[bold]{escape(run)}[/]: {escape(', '.join(facts))}  [dim]{escape(report.source)}[/]")
+    return f"[bold]{escape(run)}[/]: {escape(', '.join(facts))}  [dim]{escape(report.source)}[/]"
 
+
+def _goodput_table(report: Report) -> Table:
+    """Training and infrastructure goodput with their definitions, and the job's time split."""
+    from rich.table import Table
+
+    from nvtrain.report import INFRASTRUCTURE_GOODPUT, TRAINING_GOODPUT
+
+    split = report.time
     replays = ""
     if report.lost_steps and report.training_goodput_with_replays is not None:
         replays = (
             f"; {_pct(report.training_goodput_with_replays)} if its {report.lost_steps} rolled-back "
             "steps counted (the reference deployment's way)"
         )
-    from rich.table import Table
-
     goodput = Table.grid(padding=(0, 2))
     goodput.add_column(no_wrap=True)
     goodput.add_column(justify="right", no_wrap=True)
@@ -98,77 +113,84 @@ def print_report(report: Report, timeline: Path | None) -> None:
         f"start-up {_secs(split.startup)} · up {_secs(split.up)} · "
         f"recovering {_secs(split.recovering)} · shut-down {_secs(split.shutdown)}",
     )
-    say("[bold]Goodput[/]")
-    say(goodput)
+    return goodput
 
-    if report.incidents:
-        shown = report.incidents[:_MAX_INCIDENT_ROWS]
-        say(_incident_table(shown))
-        phases = make_table(
-            title="Recovery phases: each incident, then each layer's median / p95 / max",
-            title_justify="left",
-            box=None,
-            pad_edge=False,
-            header_style="bold",
-        )
-        phases.add_column("", no_wrap=True)
-        phases.add_column("", no_wrap=True, style="dim")
-        for name in PHASES:
-            phases.add_column(_PHASE_LABELS[name], justify="right", no_wrap=True)
-        phases.add_column("total", justify="right", no_wrap=True)
-        for i in shown:
-            cells = [_secs(i.phases.get(name)) for name in PHASES]
-            phases.add_row(f"#{i.index} {escape(i.layer)}", "", *cells, _secs(i.seconds))
-        for layer in report.layers:
-            for n, stat in enumerate(("median", "p95", "max")):
-                row = [
-                    _secs(getattr(s, stat)) if s else _secs(None)
-                    for s in (layer.phases.get(p) for p in PHASES)
-                ]
-                label = f"[bold]{escape(layer.layer)}[/] ({layer.total.count})" if n == 0 else ""
-                phases.add_row(label, stat, *row, _secs(getattr(layer.total, stat)), end_section=n == 2)
-        say(phases)
-        if len(report.incidents) > len(shown):
-            say(f"[dim]… {len(report.incidents) - len(shown)} more incidents in --json[/]")
-        by_layer = ", ".join(f"{k} {v}" for k, v in report.restarts_by_layer.items()) or "none"
-        by_cause = ", ".join(f"{k} {v}" for k, v in report.restarts_by_cause.items()) or "none"
-        say(
-            f"[bold]Restarts[/]    by layer: {escape(by_layer)}; by cause: {escape(by_cause)}; "
-            f"failed attempts: {report.failed_attempts}"
-        )
-        say(
-            f"[bold]Rollback[/]    {_dist(report.rollback_steps, 'steps')}, "
-            f"{_dist(report.rollback_s)} of training (median / p95 / max)"
-        )
-        say(
-            f"[bold]Freshness[/]   at faults: {_dist(report.freshness_steps, 'steps')}, "
-            f"{_dist(report.freshness_s)} since the newest committed checkpoint"
-        )
-    else:
-        say("[green]No faults and no restarts.[/]")
 
+def _print_incidents(con: Any, report: Report) -> None:
+    """The incidents, their recovery phases and each layer's, then restarts, rollback and
+    freshness."""
+    shown = report.incidents[:_MAX_INCIDENT_ROWS]
+    con.print(_incident_table(shown))
+    con.print(_phases_table(report, shown))
+    if len(report.incidents) > len(shown):
+        con.print(f"[dim]… {len(report.incidents) - len(shown)} more incidents in --json[/]")
+    by_layer = ", ".join(f"{k} {v}" for k, v in report.restarts_by_layer.items()) or "none"
+    by_cause = ", ".join(f"{k} {v}" for k, v in report.restarts_by_cause.items()) or "none"
+    con.print(
+        f"[bold]Restarts[/]    by layer: {escape(by_layer)}; by cause: {escape(by_cause)}; "
+        f"failed attempts: {report.failed_attempts}"
+    )
+    con.print(
+        f"[bold]Rollback[/]    {_dist(report.rollback_steps, 'steps')}, "
+        f"{_dist(report.rollback_s)} of training (median / p95 / max)"
+    )
+    con.print(
+        f"[bold]Freshness[/]   at faults: {_dist(report.freshness_steps, 'steps')}, "
+        f"{_dist(report.freshness_s)} since the newest committed checkpoint"
+    )
+
+
+def _phases_table(report: Report, shown: Sequence[Incident]) -> Table:
+    """Each shown incident's recovery phases, then each layer's median / p95 / max."""
+    from nvtrain.report import PHASES
+
+    phases = make_table(
+        title="Recovery phases: each incident, then each layer's median / p95 / max",
+        title_justify="left",
+        box=None,
+        pad_edge=False,
+        header_style="bold",
+    )
+    phases.add_column("", no_wrap=True)
+    phases.add_column("", no_wrap=True, style="dim")
+    for name in PHASES:
+        phases.add_column(_PHASE_LABELS[name], justify="right", no_wrap=True)
+    phases.add_column("total", justify="right", no_wrap=True)
+    for i in shown:
+        cells = [_secs(i.phases.get(name)) for name in PHASES]
+        phases.add_row(f"#{i.index} {escape(i.layer)}", "", *cells, _secs(i.seconds))
+    for layer in report.layers:
+        for n, stat in enumerate(("median", "p95", "max")):
+            row = [
+                _secs(getattr(s, stat)) if s else _secs(None) for s in (layer.phases.get(p) for p in PHASES)
+            ]
+            label = f"[bold]{escape(layer.layer)}[/] ({layer.total.count})" if n == 0 else ""
+            phases.add_row(label, stat, *row, _secs(getattr(layer.total, stat)), end_section=n == 2)
+    return phases
+
+
+def _print_checkpoints(con: Any, report: Report) -> None:
+    """Saves, commits and problems; the time the loop was blocked, the background writes, and
+    the saves in flight at soft faults."""
     ckpt = report.checkpoints
-    if ckpt.saves or ckpt.committed:
-        blocked = ckpt.blocked.total if ckpt.blocked else 0.0
-        share = f" ({blocked / split.total:.2%} of the job)" if split.total > 0 else ""
-        problems = f"{ckpt.partial} partial, {ckpt.corrupt} corrupt, {ckpt.failed} failed"
-        say(f"[bold]Checkpoints[/] {ckpt.saves} saves, {ckpt.committed} committed ({problems})")
-        waited = f"; waits for the previous write {_dist(ckpt.waited)}" if ckpt.waited else ""
-        say(f"            blocked {_secs(blocked)} in all{share}, per save {_dist(ckpt.blocked)}{waited}")
-        if ckpt.background:
-            total = _secs(ckpt.background.total)
-            say(f"            background writes {_dist(ckpt.background)}, {total} in all")
-        if ckpt.finished_at_faults or ckpt.dropped_at_faults:
-            say(
-                f"            in flight at soft faults: {ckpt.finished_at_faults} finished and kept, "
-                f"{ckpt.dropped_at_faults} dropped; waited {_dist(ckpt.settle_waited)}"
-            )
-    else:
-        say("[bold]Checkpoints[/] none saved")
-    if timeline is not None:
-        con.print(f"timeline: {escape(str(timeline))}", soft_wrap=True)
-    for note in report.notes:
-        con.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
+    if not (ckpt.saves or ckpt.committed):
+        con.print("[bold]Checkpoints[/] none saved")
+        return
+    total_s = report.time.total
+    blocked = ckpt.blocked.total if ckpt.blocked else 0.0
+    share = f" ({blocked / total_s:.2%} of the job)" if total_s > 0 else ""
+    problems = f"{ckpt.partial} partial, {ckpt.corrupt} corrupt, {ckpt.failed} failed"
+    con.print(f"[bold]Checkpoints[/] {ckpt.saves} saves, {ckpt.committed} committed ({problems})")
+    waited = f"; waits for the previous write {_dist(ckpt.waited)}" if ckpt.waited else ""
+    con.print(f"            blocked {_secs(blocked)} in all{share}, per save {_dist(ckpt.blocked)}{waited}")
+    if ckpt.background:
+        total = _secs(ckpt.background.total)
+        con.print(f"            background writes {_dist(ckpt.background)}, {total} in all")
+    if ckpt.finished_at_faults or ckpt.dropped_at_faults:
+        con.print(
+            f"            in flight at soft faults: {ckpt.finished_at_faults} finished and kept, "
+            f"{ckpt.dropped_at_faults} dropped; waited {_dist(ckpt.settle_waited)}"
+        )
 
 
 def _incident_table(incidents: Sequence[Incident]) -> Table:

@@ -149,7 +149,7 @@ class Saving(CheckpointerCore):
             save = _Save(step, folder, None, error=failed, io_errors=io_errors, inline=True, token=token)
             try:
                 dcp_save(state, checkpoint_id=str(folder), storage_writer=writer, process_group=self.group)
-            except (Exception, CheckpointException) as exc:  # told, and dealt with, in wait()
+            except (Exception, CheckpointException) as exc:  # noqa: BLE001 - told, and dealt with, in wait()
                 save.error = save.error or exc
             self._finish(save)
         self.inflight = save
@@ -233,7 +233,7 @@ class Saving(CheckpointerCore):
                 save.error = save.io_errors[0]
             if save.error is None and not self.aborted:
                 self._write_manifest(save)
-        except BaseException as exc:  # reported by wait(); never kills the trainer thread
+        except BaseException as exc:  # noqa: BLE001 - reported by wait(); never kills the trainer thread
             save.error = save.error or exc
         finally:
             save.written.set()
@@ -251,7 +251,7 @@ class Saving(CheckpointerCore):
         try:
             assert self.host is not None
             self.host.seal(slot, generation, step=save.step, token=save.token, extra=save.held.extra)
-        except Exception as exc:  # the copy is only a faster restore: storage still has it
+        except Exception as exc:  # noqa: BLE001 - the copy is only a faster restore: storage still has it
             say(f"host copy of step {save.step} not kept: {exc!r}")
 
     def _commit_once(self, save: _Save) -> None:
@@ -259,7 +259,7 @@ class Saving(CheckpointerCore):
         try:
             if self.rank == 0 and save.error is None and not save.cancelled and not self.aborted:
                 self._commit(save)
-        except BaseException as exc:  # reported by wait(); never kills the trainer thread
+        except BaseException as exc:  # noqa: BLE001 - reported by wait(); never kills the trainer thread
             save.error = exc
         finally:
             save.done.set()
