@@ -9,7 +9,7 @@ import pytest
 
 from nvtrain.config.schema import Policy
 from nvtrain.errors import ExitCode
-from nvtrain.events.records import WorkerEnded, WorkerFailed
+from nvtrain.events.records import HangBlamed, WorkerEnded, WorkerFailed
 from nvtrain.launcher.identity import Identity, identify
 from nvtrain.launcher.outcome import decide
 from nvtrain.nvrx import NvrxVersion
@@ -45,6 +45,7 @@ class Seen:
     launcher_error: str | None = None
     rendezvous_timeout: bool = False
     world_nodes: int | None = None
+    blames: list[HangBlamed] = dataclasses.field(default_factory=list)
 
 
 FAILURE = WorkerFailed(local_rank=1, worker_pid=4242, exit_code=3)
@@ -146,3 +147,40 @@ def test_a_worker_that_raised_and_then_aborted_at_exit_is_named_with_its_excepti
     outcome = decide(1, Seen(failures=[aborted]), p, identity(p), ENDPOINT, V041)
     named = "local rank 1 on pod trainer-0 (node 0), killed by SIGABRT after it raised RuntimeError: boom"
     assert f"{named} at step 10 (pid 5881)" in outcome.cause
+
+
+# -- a hang blamed on the stopped worker ----------------------------------------------------------
+
+
+BLAMED = HangBlamed(
+    source="launcher", rank=1, local_rank=1, worker_pid=4343, state="stopped", signal="SIGKILL"
+)
+HUNG_PEER = WorkerFailed(local_rank=0, worker_pid=4242, signal="SIGKILL", hang=True)
+KILLED_STOPPED = WorkerFailed(local_rank=1, worker_pid=4343, signal="SIGKILL")
+
+
+@pytest.mark.parametrize(
+    "failures",
+    [[HUNG_PEER, KILLED_STOPPED], [KILLED_STOPPED, HUNG_PEER]],
+    ids=["peer-first", "stopped-first"],
+)
+def test_a_blamed_hang_is_the_root_cause_whichever_end_ft_launcher_reports_first(
+    failures: list[WorkerFailed],
+) -> None:
+    """Under load ft_launcher may report the end of the stopped worker (nvtrain's SIGKILL) before
+    that of the peer whose rank monitor fired: the hang is the root cause either way."""
+    p = policy()
+    seen = Seen(failures=failures, blames=[BLAMED])
+    outcome = decide(1, seen, p, identity(p), ENDPOINT, V041)
+    assert "Root cause (first failure): a hang in local rank 1 " in outcome.cause, outcome.cause
+    assert "its process was stopped" in outcome.cause, outcome.cause
+
+
+def test_a_blame_does_not_take_over_an_unrelated_first_failure() -> None:
+    """A first failure that is neither a hang nor the blamed worker's end stays the root cause."""
+    p = policy()
+    crashed = WorkerFailed(local_rank=0, worker_pid=4141, exit_code=3)
+    outcome = decide(
+        1, Seen(failures=[crashed, KILLED_STOPPED], blames=[BLAMED]), p, identity(p), ENDPOINT, V041
+    )
+    assert "Root cause (first failure): local rank 0 on pod trainer-0 (node 0), exit code 3" in outcome.cause

@@ -165,7 +165,7 @@ def _decide(
         return Outcome(int(ExitCode.RENDEZVOUS), cause + earlier)
     budget = policy.restart.in_job.max_restarts
     root = _root_failure(seen)
-    blame = _blame(seen) if root is not None and root.hang else None
+    blame = _root_blame(seen, root)
     if root is not None and blame is not None:
         cause = (
             f"workers failed; {seen.restarts}/{budget} in-job restarts used. Root cause "
@@ -209,6 +209,26 @@ def _blame(seen: Observed) -> HangBlamed | None:
     """The first hang blamed on a worker of this node, if the observer blamed one."""
     blames = getattr(seen, "blames", ())
     return blames[0] if blames else None
+
+
+def _root_blame(seen: Observed, root: WorkerExit | None) -> HangBlamed | None:
+    """The blamed hang, when it is the root failure: ``root`` is a hang, or the blamed worker's
+    own end."""
+    blame = _blame(seen) if root is not None else None
+    if root is None or blame is None or root.hang or _ended_by_blame(root, blame):
+        return blame
+    return None
+
+
+def _ended_by_blame(failure: WorkerExit, blame: HangBlamed) -> bool:
+    """``failure`` is the end of the worker the hang was blamed on (the SIGKILL nvtrain sent it
+    when it found it stopped): ft_launcher may report it before the failure of the peer whose
+    rank monitor fired, and then it is still the hang that came first."""
+    if blame.signal is None:
+        return False
+    if blame.worker_pid is not None and failure.worker_pid == blame.worker_pid:
+        return True
+    return blame.local_rank is not None and failure.local_rank == blame.local_rank
 
 
 def _blamed(blame: HangBlamed, where: str) -> str:
