@@ -1,8 +1,10 @@
 """``nvtrain.launcher.process`` with tiny shell children: stop timing, exit status, no orphans.
 
 ``Child.stop`` ends with ``kill_all``, which signals every descendant of the calling process:
-harmless here (the test process has no other children while these run). The subreaper part runs
-in a helper subprocess so that the test process never becomes a subreaper itself.
+the test process's own, so the warm-start server an earlier test of this process started
+(``warm_server``) ends too; ``WarmServer.client`` starts it again when a later test needs it.
+The subreaper part runs in a helper subprocess so that the test process never becomes a
+subreaper itself.
 """
 
 from __future__ import annotations

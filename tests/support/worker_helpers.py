@@ -226,6 +226,9 @@ class WarmServer:
     def __init__(self, folder: Path) -> None:
         self.socket = folder / "zygote.sock"
         self.log = folder / "zygote.log"
+        self._start()
+
+    def _start(self) -> None:
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "nvtrain.zygote.server", "--socket", str(self.socket)]
@@ -244,6 +247,12 @@ class WarmServer:
     def client(self, argv: Sequence[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
         """``python SCRIPT ARGS`` (argv) as a client of this server, and its environment."""
         assert argv[0] == sys.executable and not argv[1].startswith("-"), argv
+        if self.proc.poll() is not None:
+            # Ended by an earlier test of this test process: ``Child.stop`` ends with
+            # ``kill_all``, which signals every descendant of the calling process, this server
+            # included (tests/launcher/test_child_process.py). Started again, on the same path.
+            self.socket.unlink(missing_ok=True)
+            self._start()
         return [sys.executable, "-m", "nvtrain.zygote.client", *argv[1:]], {
             **env,
             "NVTRAIN_ZYGOTE": str(self.socket),

@@ -36,7 +36,13 @@ def _run(root: Path, ranks: int) -> RunResult:
     tables["job"]["collective_timeout"] = "45s"
     tables["job"]["warm_start"] = True
     tables["heartbeat"].update({"timeout": "120s", "initial_timeout": "150s"})
-    tables["restart.in_process"].update({"soft_timeout": "60s", "hard_timeout": "90s"})
+    # NVRx aborts the attempt (and nvtrain cuts the links) once the failure window is over: half
+    # a second lets the survivors reach their next collective with the failed rank first, so the
+    # cut is what frees them. With the 10 ms default they may still be in Python then, and NVRx
+    # interrupts them there (as fast, but not what this test is about).
+    tables["restart.in_process"].update(
+        {"soft_timeout": "60s", "hard_timeout": "90s", "failure_window": "500ms"}
+    )
     faults = [{"step": 12, "rank": ranks - 1, "kind": "exception"}]
     policy = write_policy(root / "policy.toml", tables, faults)
     return run_nvtrain(policy, f"gloo-cut-{ranks}", checkpoints, root, 240)
