@@ -9,42 +9,18 @@ import logging
 import subprocess
 import sys
 import textwrap
-import time
-import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from nvtrain.config.schema import Metrics
 from nvtrain.live import serve
 from nvtrain.live.errors import MAX_LOGGED, UpdateErrors
 from support.ports import free_port
 from support.report_logs import two_recoveries
+from support.scraping import scrape, scrape_until
 
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 ERRORS = ("nvtrain_metrics_errors_total", (("node_rank", "0"), ("run_id", "r")))
-
-
-def scrape(port: int) -> Samples:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-        text = reply.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-    }
-
-
-def scrape_until(port: int, done: Callable[[Samples], bool], what: str) -> Samples:
-    deadline = time.monotonic() + 30
-    while True:
-        got = scrape(port)
-        if done(got):
-            return got
-        assert time.monotonic() < deadline, f"{what} not served within 30 s: {sorted(got)}"
-        time.sleep(0.05)
 
 
 def live_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -8,13 +8,9 @@ scrapes poll for the condition against a deadline."""
 from __future__ import annotations
 
 import json
-import time
-import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from nvtrain.config.schema import Metrics
 from nvtrain.live import Family, LiveFigures, figures, initial_counters, serve
@@ -23,28 +19,7 @@ from nvtrain.report import build_report
 from nvtrain.runlog import pod_events_file
 from support.ports import free_port
 from support.report_logs import Log, two_recoveries
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(port: int) -> Samples:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-        text = reply.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-    }
-
-
-def scrape_until(port: int, done: Callable[[Samples], bool], what: str) -> Samples:
-    deadline = time.monotonic() + 30
-    while True:
-        got = scrape(port)
-        if done(got):
-            return got
-        assert time.monotonic() < deadline, f"{what} not served within 30 s: {sorted(got)}"
-        time.sleep(0.05)
+from support.scraping import Samples, scrape, scrape_until
 
 
 def names(samples: Samples) -> set[str]:

@@ -26,7 +26,7 @@ from support.worker_helpers import (
     RunResult,
     assert_clean_exit,
     assert_no_stop_timeout_waited,
-    free_port_pair,
+    demo_tables,
     run_nvtrain,
     write_policy,
 )
@@ -53,32 +53,12 @@ RUN_TIMEOUT = 190.0
 
 
 def _tables(checkpoint_dir: Path) -> dict[str, dict[str, Any]]:
-    return {
-        "job": {
-            "name": "worker-recovery",
-            "module": "nvtrain.demo",
-            "args": ["--steps", str(STEPS), "--step-time", "0", "--log-every", "1"],
-            "nproc_per_node": 2,
-            "max_steps": STEPS,
-            "backend": "gloo",
-            "collective_timeout": "4s",
-            "stop_timeout": "5s",
-            "warm_start": False,  # the clean run starts cold; the faulty one sets true
-        },
-        "rendezvous": {"nodes": 1, "port": free_port_pair(), "join_timeout": "60s"},
-        # The brief asked for a heartbeat timeout of 8s, which `nvtrain validate` rejects next to
-        # hard_timeout = 10s (hard_timeout must be shorter than the heartbeat timeout).
-        "heartbeat": {"initial_timeout": "60s", "timeout": "12s", "monitor_interval": "1s"},
-        "restart": {"escalate_after": 5},
-        "restart.in_process": {
-            "enabled": True,
-            "max_attempts": 5,
-            "soft_timeout": "5s",
-            "hard_timeout": "10s",
-        },
-        "restart.in_job": {"max_restarts": 5},
-        "checkpoint": {"dir": str(checkpoint_dir), "interval": 5, "async": True, "keep": 2},
-    }
+    """The demo's fault-matrix policy (``demo_tables``), with a shorter stop timeout (the
+    SIGTERM fault's settle) and first-heartbeat timeout."""
+    tables = demo_tables(checkpoint_dir, name="worker-recovery", ranks=2, steps=STEPS)
+    tables["job"]["stop_timeout"] = "5s"
+    tables["heartbeat"]["initial_timeout"] = "60s"
+    return tables
 
 
 @pytest.fixture(scope="module")
