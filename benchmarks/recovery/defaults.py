@@ -7,9 +7,15 @@ runs on this machine's Python 3.11, see BENCHMARKS.md). Arms alternate, R runs e
 run's ``nvtrain report --json``: every incident's recovery time and phases, and the job's
 start-up and shut-down. Medians per arm and the ratio new / old.
 
+With --starter each arm runs instead the project that arm's ``nvtrain init`` writes, edited as a
+new user on one CPU machine edits it (issue 37): 2 workers, ``backend = "gloo"``, a checkpoint
+folder of the run's own, and its ``[[faults]]`` table uncommented for an exception on rank 1 at
+step 700 (the starter's ``max_steps`` is 2000).
+
     git worktree add /tmp/nvtrain-base <base commit>
     python benchmarks/recovery/defaults.py --old /tmp/nvtrain-base/src --repeats 3 --json out.json
     python benchmarks/recovery/defaults.py --old /tmp/nvtrain-base/src --nvrx /tmp/nvrx07-site
+    python benchmarks/recovery/defaults.py --old /tmp/nvtrain-base/src --starter
 """
 
 from __future__ import annotations
@@ -29,13 +35,48 @@ from _lib import SRC as NEW  # noqa: E402
 from _lib import cli, procs, stats  # noqa: E402
 from _lib.runs import report_json  # noqa: E402
 
+STARTER_EDITS = {
+    ("job", "nproc_per_node"): "2",
+    ("job", "backend"): '"gloo"',
+    ("faults", "step"): "700",
+    ("faults", "rank"): "1",
+    ("faults", "kind"): '"exception"',
+}
 
-def run_once(src: Path, policy: Path | None, nvrx: str | None, timeout: float) -> dict[str, Any]:
+
+def starter(work: Path, env: dict[str, str]) -> Path:
+    """The project ``nvtrain init`` writes in ``work/project``, its policy edited (``STARTER_EDITS``,
+    the checkpoints in ``work/ckpt``); returns the policy's path."""
+    project = work / "project"
+    subprocess.run([*procs.nvtrain_argv("init", str(project))], env=env, check=True, capture_output=True)
+    edits = {**STARTER_EDITS, ("checkpoint", "dir"): json.dumps(str(work / "ckpt"))}
+    lines = (project / "policy.toml").read_text(encoding="utf-8").splitlines()
+    table, done = "", set()
+    for i, line in enumerate(lines):
+        if line.strip() in ("[[faults]]", "# [[faults]]"):
+            lines[i], table = "[[faults]]", "faults"
+        elif line.startswith("[") and line.endswith("]"):
+            table = line.strip("[]")
+        elif (key := line.removeprefix("# ").partition(" = ")[0]) and (table, key) in edits:
+            lines[i] = f"{key} = {edits[table, key]}"
+            done.add((table, key))
+    assert done == set(edits), f"not in the starter: {set(edits) - done}"
+    (project / "policy.toml").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return project / "policy.toml"
+
+
+def run_once(
+    src: Path, policy: Path | None, nvrx: str | None, timeout: float, *, use_starter: bool = False
+) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="nvtrain-defaults-"))
     path = [str(src), *([nvrx] if nvrx else [])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "TMPDIR": str(work)}
     argv = procs.nvtrain_argv("run", "--run-id", "defaults")
-    if policy is not None:
+    cwd = work
+    if use_starter:
+        argv.append(str(starter(work, env)))
+        cwd = work / "project"  # (its `script = "train.py"` is found there, as torchrun would)
+    elif policy is not None:
         text = policy.read_text(encoding="utf-8").replace("/tmp/nvtrain-demo/checkpoints", str(work / "ckpt"))
         (work / "policy.toml").write_text(text, encoding="utf-8")
         argv.append(str(work / "policy.toml"))
@@ -43,10 +84,10 @@ def run_once(src: Path, policy: Path | None, nvrx: str | None, timeout: float) -
         shutil.rmtree("/tmp/nvtrain-demo/checkpoints/defaults", ignore_errors=True)
     started = time.monotonic()
     done = subprocess.run(
-        argv, env=env, cwd=work, capture_output=True, text=True, timeout=timeout, check=False
+        argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
     )
     wall = time.monotonic() - started
-    run_dir = (work / "ckpt" if policy is not None else Path("/tmp/nvtrain-demo/checkpoints")) / "defaults"
+    run_dir = (work / "ckpt" if policy or use_starter else Path("/tmp/nvtrain-demo/checkpoints")) / "defaults"
     data = report_json(run_dir, env={**os.environ, "PYTHONPATH": str(NEW)}, timeout=120)
     shutil.rmtree(work, ignore_errors=True)
     result: dict[str, Any] = {"exit_code": done.returncode, "wall_s": round(wall, 3)}
@@ -92,6 +133,7 @@ def main() -> None:
     parser.add_argument("--old", type=Path, required=True, help="the other build's src folder")
     parser.add_argument("--policy", type=Path, help="a policy file (default: the built-in demo)")
     parser.add_argument("--nvrx", help="a folder with another NVRx, put ahead of the venv's")
+    parser.add_argument("--starter", action="store_true", help="run the edited `nvtrain init` project")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--json", type=Path)
@@ -101,7 +143,7 @@ def main() -> None:
     for rep in range(args.repeats):
         order = list(arms) if rep % 2 == 0 else list(reversed(arms))
         for arm in order:
-            result = run_once(arms[arm], args.policy, args.nvrx, args.timeout)
+            result = run_once(arms[arm], args.policy, args.nvrx, args.timeout, use_starter=args.starter)
             runs[arm].append(result)
             print(json.dumps({"arm": arm, **result}), flush=True)
     table = summarize(runs)

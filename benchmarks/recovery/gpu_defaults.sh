@@ -3,6 +3,8 @@
 # wheels in .whl/ (0.7.0), one rank per GPU (NCCL refuses two ranks on one GPU). Results in $OUT.
 #   bash benchmarks/recovery/gpu_defaults.sh demo       # SIGKILL -> next step, demo --width 4096 and the 4 GB demo
 #   bash benchmarks/recovery/gpu_defaults.sh inprocess  # exception -> next step, demo --width 4096
+#   bash benchmarks/recovery/gpu_defaults.sh inprocess-drop  # the same, each fault right after a save began,
+#                                                         # finish_in_flight true against false
 #   bash benchmarks/recovery/gpu_defaults.sh frameworks # DDP, HF Trainer, Lightning scripts: torchrun vs nvtrain run
 #   bash benchmarks/recovery/gpu_defaults.sh sigkill    # benchmarks/recovery/sigkill.py, monitor interval 0.1 s
 #   bash benchmarks/recovery/gpu_defaults.sh restore    # hostcopy_restore.py into GPU memory, 4 GB
@@ -27,6 +29,16 @@ for part in "$@"; do
         --out /tmp/gpu-ip --json "$OUT/inprocess.json" > "$OUT/inprocess.log" 2>&1
       echo "inprocess exit $?"
       python3 benchmarks/recovery/side_by_side.py --summarize "$OUT/inprocess.json" | tee "$OUT/inprocess.md" | tail -12 ;;
+    inprocess-drop)
+      for f in true false; do
+        timeout 140 python3 benchmarks/recovery/side_by_side.py --nproc 1 --backend nccl --demo-args "--width 4096" \
+          --arms in-process --modes async --kinds exception --faults 4 --repeats 1 --timeout 110 \
+          --fault-offset 0 --finish-in-flight $f \
+          --out /tmp/gpu-ip-$f --json "$OUT/inprocess-inflight-$f.json" > "$OUT/inprocess-inflight-$f.log" 2>&1
+        echo "inprocess finish_in_flight=$f exit $?"
+        python3 benchmarks/recovery/side_by_side.py --summarize "$OUT/inprocess-inflight-$f.json" \
+          | tee "$OUT/inprocess-inflight-$f.md" | tail -8
+      done ;;
     frameworks)
       timeout 560 python3 benchmarks/frameworks/compare.py --nproc 1 --scripts ddp,hf,lightning --repeats 3 \
         --timeout 120 --json "$OUT/frameworks.json" > "$OUT/frameworks.log" 2>&1

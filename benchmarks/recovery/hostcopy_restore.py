@@ -21,7 +21,9 @@ its load average; checks once per arm that the restored state is the saved one, 
 --first-step it also runs, in fresh processes, a restore (as the checkpointer does it: the
 optimizer's state made by torch's zero-lr step, find, load, set_state_dict) followed by training
 steps, and as many processes that train a fresh model without one: the first step against the
-median of the later ones. --device cuda puts the live state on the GPU (the H200 run).
+median of the later ones. --device cuda puts the live state on the GPU (the H200 run), and adds
+fresh processes that start making the restore's page-locked staging buffers at their start, as a
+replacement worker does (``hostcopy.warm_restore``), against ones that make them in the restore.
 
     python benchmarks/recovery/hostcopy_restore.py --size 4G --repeats 7
     python benchmarks/recovery/hostcopy_restore.py --size 200M --width 64       # 16,276 tensors
@@ -53,7 +55,7 @@ from _lib import cli  # noqa: E402  (and this tree's src first on the path)
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
 
 from nvtrain.private import make_private_dir  # noqa: E402
-from nvtrain.worker import hostcopy, hostread  # noqa: E402
+from nvtrain.worker import hostcopy, hostread, hoststaging  # noqa: E402
 from nvtrain.worker.hostcopy import (  # noqa: E402
     FORMAT,
     HostCopy,
@@ -221,11 +223,13 @@ def machine_rates(nbytes: int) -> dict[str, float]:
     return rates
 
 
-def first_step(args: argparse.Namespace, folder: Path, key: bytes, restore: bool) -> dict[str, Any]:
-    """In a fresh process: build the model (and with ``restore``, restore the copy into it as
-    the checkpointer does: find, load, set_state_dict), then time --steps training steps."""
+def first_step(args: argparse.Namespace, folder: Path, key: bytes, kind: str) -> dict[str, Any]:
+    """In a fresh process: build the model (``restore``: and restore the copy into it as the
+    checkpointer does: find, load, set_state_dict; ``restore-ahead``: the same, its staging
+    buffers made in the background from the process's start, as in a replacement worker;
+    ``fresh``: no restore), then time --steps training steps."""
     out = subprocess.run(
-        [sys.executable, __file__, "--child", "restore" if restore else "fresh", "--size", args.size,
+        [sys.executable, __file__, "--child", kind, "--size", args.size,
          "--width", str(args.width), "--folder", str(folder), "--key", key.hex(), "--steps", str(args.steps),
          "--device", args.device],
         capture_output=True, text=True, check=True,
@@ -239,9 +243,19 @@ def sync(device: str) -> None:
 
 
 def child(args: argparse.Namespace) -> None:
-    model, optimizer = model_of(parse_size(args.size), args.width, args.device, seed=1)
     result: dict[str, Any] = {}
-    if args.child == "restore":
+    warming = None
+    if args.child == "restore-ahead":  # as a replacement worker does at its start (``warm_restore``)
+        torch.cuda.set_device(0)
+        nbytes = hostcopy.sealed_bytes(args.folder, 0)
+        assert nbytes is not None, "no header of rank 0's in the folder"
+        warming = hoststaging.warm(nbytes, hostread.CHUNK, hostread.threads()[0], 0)
+        t_warm = time.perf_counter()
+    model, optimizer = model_of(parse_size(args.size), args.width, args.device, seed=1)
+    if warming is not None:  # (the restore waits for the rest, inside find_load_s)
+        result["model_built_after_s"] = time.perf_counter() - t_warm
+        result["staging_made_by_then"] = warming.is_set()
+    if args.child in ("restore", "restore-ahead"):
         from torch.distributed.checkpoint.state_dict import _init_optim_state
 
         t = time.perf_counter()
@@ -350,10 +364,13 @@ def run(args: argparse.Namespace, folder: Path) -> None:
     print(f"load average (1, 5, 15 min) before {machine['load_before']}, after {machine['load_after']}")
     if args.first_step:
         del live, model, optimizer
-        found: dict[str, list[dict[str, Any]]] = {"restored": [], "fresh": []}
+        kinds = {"restored": "restore", "fresh": "fresh"}
+        if args.device == "cuda":  # (a CPU restore uses no page-locked buffers)
+            kinds["restored, staging made ahead"] = "restore-ahead"
+        found: dict[str, list[dict[str, Any]]] = {name: [] for name in kinds}
         for _ in range(args.first_step_runs):
-            for name in found:
-                found[name].append(first_step(args, folder, key, name == "restored"))
+            for name, kind in kinds.items():
+                found[name].append(first_step(args, folder, key, kind))
         results["first_step"] = found
         print(first_step_summary(found))
     cli.write_json(args.json, results)

@@ -627,8 +627,8 @@ def test_a_second_settle_waits_for_the_first_before_returning(tmp_path: Path) ->
     ckpt.save(10)
     save = ckpt.inflight
     hold = threading.Event()
-    real_wait = save.done.wait
-    save.done.wait = lambda timeout=None: hold.wait(timeout) and real_wait(timeout)  # type: ignore[method-assign]
+    real_wait = save.committed.wait
+    save.committed.wait = lambda timeout=None: hold.wait(timeout) and real_wait(timeout)  # type: ignore[method-assign]
     first = threading.Thread(target=ckpt.settle, args=(60.0,))
     first.start()
     assert save is not None
@@ -645,6 +645,44 @@ def test_a_second_settle_waits_for_the_first_before_returning(tmp_path: Path) ->
     assert _committed(run_dir) == [10]
     [settled] = _named(log, "checkpoint_settled")  # one event: the first caller's
     assert settled["finished"] is True
+
+
+def test_settle_returns_at_the_commit_and_wait_after_the_retention(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A soft fault waits for the save in flight to be committed, not for the old checkpoints
+    to be removed after it (slow on some storage); ``wait`` (before the next save, at ``close``)
+    still returns only once they are."""
+    import threading
+
+    from nvtrain.worker.checkpoint import layout
+
+    run_dir, log = tmp_path / "run", tmp_path / "events.jsonl"
+    model, optimizer = _model(3)
+    ckpt = _checkpointer(run_dir, model, optimizer, _policy(True, keep=1), _events(log))
+    ckpt.save(10)
+    ckpt.wait()
+    removing, hold = threading.Event(), threading.Event()
+    real_retain = layout.retain
+
+    def slow_retain(*args: Any) -> Any:
+        removing.set()
+        hold.wait(60)
+        return real_retain(*args)
+
+    monkeypatch.setattr(layout, "retain", slow_retain)
+    ckpt.save(20)
+    assert removing.wait(60), "no retention after the commit of step 20"
+    assert ckpt.settle(20.0), "settle waited for the retention (or the save failed)"
+    waited = threading.Thread(target=ckpt.wait)
+    waited.start()
+    waited.join(0.5)
+    assert waited.is_alive(), "wait returned before the retention"
+    assert _committed(run_dir) == [10, 20]
+    hold.set()
+    waited.join(30)
+    assert _committed(run_dir) == [20]
+    ckpt.close()
 
 
 def test_settle_gives_up_at_its_limit_and_the_abort_still_drops_the_save(tmp_path: Path) -> None:

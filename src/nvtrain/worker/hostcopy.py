@@ -53,10 +53,20 @@ import blake3
 import torch
 
 from nvtrain.private import RUN_KEY_ENV, NotPrivate, check_private_dir, run_key
-from nvtrain.worker.hostread import Rejected, open_private, read_checked, read_private
+from nvtrain.worker import hoststaging
+from nvtrain.worker.hostread import CHUNK, Rejected, open_private, read_checked, read_private, threads
 from nvtrain.worker.plain import check_plain, load_plain
 
-__all__ = ["ENV", "HostCopy", "Unsupported", "host_copy", "in_background", "usable"]
+__all__ = [
+    "ENV",
+    "HostCopy",
+    "Unsupported",
+    "host_copy",
+    "in_background",
+    "sealed_bytes",
+    "usable",
+    "warm_restore",
+]
 
 ENV = "NVTRAIN_HOST_COPY_DIR"
 """The folder ``nvtrain run`` keeps for this pod's host copies (unset: copies live in the
@@ -67,6 +77,8 @@ FORMAT = 3
 hashes, a MAC over the header, an extra file of plain data only)."""
 _ALIGN = 64
 _SLOTS = 2
+_REGISTER_PORTABLE = 1
+"""``cudaHostRegisterPortable``."""
 _HEADER_FIELDS = ("format", "run_id", "rank", "world", "step", "token", "layout", "bytes")
 """The fields a copy is checked by (``find``); a re-sealed peer copy keeps them as they came."""
 
@@ -297,7 +309,9 @@ class _Slot:
         if self.pinned or self.flat is None or not torch.cuda.is_available():
             return
         cudart: Any = torch.cuda.cudart()  # type: ignore[no-untyped-call]
-        code = cudart.cudaHostRegister(self.flat.data_ptr(), self.flat.numel(), 0)
+        # Portable: page-locked for every CUDA context of the process, not only the one current
+        # in the calling thread (``prepare`` runs in a background thread).
+        code = cudart.cudaHostRegister(self.flat.data_ptr(), self.flat.numel(), _REGISTER_PORTABLE)
         self.pinned = int(code) == 0
 
     def close(self) -> None:
@@ -370,6 +384,9 @@ class HostCopy:
         self.ready.set()
         self.broken = False
         """The folder cannot hold the slots (no room): this process keeps no host copy."""
+        self.staging_ready: threading.Event | None = None
+        """Set once a restore's page-locked staging buffers are made (None: not asked for, the
+        state is not on a GPU): ``hoststaging.warm``."""
 
     # -- torch's AsyncStager protocol ---------------------------------------------------------
     @property
@@ -395,6 +412,10 @@ class HostCopy:
             for slot in self.slots:
                 slot.open(layout)
                 slot.pin()
+            gpu = next((t.device for _, t in _leaves(state) if t.device.type == "cuda"), None)
+            if gpu is not None:
+                # The first in-process restart's restore then finds its staging buffers made.
+                self.staging_ready = hoststaging.warm(layout.nbytes, CHUNK, threads()[0], gpu.index)
 
     def release(self) -> None:
         """Unmap this rank's slots and remove their files (the copy is given up)."""
@@ -642,10 +663,15 @@ def in_background(work: Any, *args: Any, name: str) -> threading.Event:
     dropped: the save that needs the result does the work again, and raises there). The process
     waits for it at exit: torch aborts a process that exits during such a thread's copy."""
     done = threading.Event()
+    # A new thread's current GPU is GPU 0, not this rank's: CUDA work there would make a context
+    # on another rank's GPU.
+    device = torch.cuda.current_device() if torch.cuda.is_initialized() else None  # type: ignore[no-untyped-call]
 
     def run() -> None:
         try:
             with contextlib.suppress(Exception):
+                if device is not None:
+                    torch.cuda.set_device(device)
                 work(*args)
         finally:
             done.set()
@@ -666,3 +692,33 @@ def host_copy(folder: Path, *, run_id: str, rank: int, world: int, key: bytes) -
     if copy is None:
         copy = _COPIES[name] = HostCopy(folder, run_id=run_id, rank=rank, world=world, key=key)
     return copy
+
+
+def sealed_bytes(folder: Path, rank: int) -> int | None:
+    """The size of the largest copy of ``rank``'s that ``folder`` holds a header of (None when
+    none). The headers are only read for their size (plain JSON of a private file of this
+    user's); ``find`` checks a copy itself before it is used."""
+    sizes = []
+    for index in range(_SLOTS):
+        try:
+            header = json.loads(read_private(folder / f"rank{rank}.slot{index}.json"))
+        except (OSError, ValueError):  # (Rejected is a ValueError)
+            continue
+        size = header.get("bytes") if isinstance(header, dict) else None
+        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            sizes.append(size)
+    return max(sizes, default=None)
+
+
+def warm_restore(rank: int) -> threading.Event | None:
+    """In a worker that starts on a GPU: when this pod's folder (``$NVTRAIN_HOST_COPY_DIR``)
+    holds a copy of ``rank``'s (a worker of this rank was replaced), start making the
+    page-locked buffers its restore will read through (``hoststaging.warm``) while the worker
+    joins the process group and builds its model. None when there is nothing to restore here."""
+    folder = os.environ.get(ENV)
+    if not folder or not torch.cuda.is_available():
+        return None
+    nbytes = sealed_bytes(Path(folder), rank)
+    if nbytes is None:
+        return None
+    return hoststaging.warm(nbytes, CHUNK, threads()[0], torch.cuda.current_device())

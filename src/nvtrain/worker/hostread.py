@@ -3,14 +3,15 @@
 The data file is mapped read-only and copied chunk by chunk (``CHUNK``) into the tensors the
 state is made of: large pieces of CPU tensors straight into their memory; padding, small tensors
 and GPU tensors through a staging buffer (page-locked when some of it goes to the GPU, on a side
-stream), each run of them in one copy. Each chunk is fed to the keyed hash where it landed, right
-after it was copied, while it is still in the cache; reader threads copy the next chunks
-meanwhile (both let go of the GIL). So a restore is one pass over the copy, where it used to be
-a pass to hash the mapped file and another to copy it, and the hash covers exactly the bytes
-the state ends up made of, hashed in this process's own memory: a process that writes the file
-after the header was checked, or during the read, changes nothing that is used without being
-caught. (Only the worker's own memory is trusted here, as in docs/security.md: a process of this
-user's could write it through ``ptrace``, and could do anything else the worker can.)
+stream: ``hoststaging`` lends those, made once per process), each run of them in one copy. Each
+chunk is fed to the keyed hash where it landed, right after it was copied, while it is still in
+the cache; reader threads copy the next chunks meanwhile (both let go of the GIL). So a restore
+is one pass over the copy, where it used to be a pass to hash the mapped file and another to
+copy it, and the hash covers exactly the bytes the state ends up made of, hashed in this
+process's own memory: a process that writes the file after the header was checked, or during
+the read, changes nothing that is used without being caught. (Only the worker's own memory is
+trusted here, as in docs/security.md: a process of this user's could write it through
+``ptrace``, and could do anything else the worker can.)
 
 Until the last chunk has been hashed and the digest matches the header's, what the destinations
 hold is not state: when it does not match, or a read fails, every destination is filled with
@@ -38,6 +39,8 @@ from typing import Any
 import blake3
 import numpy
 import torch
+
+from nvtrain.worker import hoststaging
 
 __all__ = ["CHUNK", "Rejected", "open_private", "read_checked", "read_private", "threads"]
 
@@ -198,8 +201,13 @@ def read_checked(
         mapped = mmap.mmap(fd, total, prot=mmap.PROT_READ) if total else None
         reader = None
         try:
-            reader = _Reader(mapped, targets, _plan(spans, total, chunk), readers or default_readers)
-            reader.run(key, digest, hashers or default_hashers)
+            chunks = _plan(spans, total, chunk)
+            readers = readers or default_readers
+            size = max((sum(p[1] for p in pieces) for pieces in chunks), default=0)
+            count = hoststaging.buffers_for(total, chunk, readers)
+            with hoststaging.borrow(count, size, pinned=bool(targets.device)) as staging:
+                reader = _Reader(mapped, targets, chunks, readers, staging)
+                reader.run(key, digest, hashers or default_hashers)
         finally:
             if reader is not None:
                 reader.source = None
@@ -255,28 +263,29 @@ class _Reader:
     (and copied on out of the staging buffers) by the caller's."""
 
     def __init__(
-        self, mapped: mmap.mmap | None, targets: _Targets, chunks: list[list[_Piece]], readers: int
+        self,
+        mapped: mmap.mmap | None,
+        targets: _Targets,
+        chunks: list[list[_Piece]],
+        readers: int,
+        staging: list[torch.Tensor],
     ) -> None:
         self.source = numpy.frombuffer(mapped, dtype=numpy.uint8) if mapped is not None else None
         self.direct, self.flat = targets.direct, targets.device
         self.starts = [pieces[0][0] for pieces in chunks]
         self.plans = [_schedule(pieces, targets) for pieces in chunks]
         self.readers = readers
-        self.window = 2 * readers
-        """Chunks read ahead of the one being hashed."""
+        self.window = len(staging) - 1
+        """Chunks read ahead of the one being hashed (``2 x readers``, fewer for a small copy)."""
         devices = {t.device for t in targets.device.values()}
         assert len(devices) <= 1 and {d.type for d in devices} <= {"cuda"}, (
             f"a rank's state is on the CPU and one GPU, not on {sorted(map(str, devices))}"
         )
         self.device = next(iter(devices), None)
         self.stream: Any = None
-        size = max((sum(p[1] for p in pieces) for pieces in chunks), default=0)
-        pinned = self.device is not None
-        self.staging = [
-            torch.empty(size, dtype=torch.uint8, pin_memory=pinned) for _ in range(self.window + 1)
-        ]
+        self.staging = staging
         """Where what is not copied straight into a tensor goes first (page-locked when some
-        of it goes on to the GPU)."""
+        of it goes on to the GPU: ``hoststaging``'s, lent for this restore)."""
         self.staged = [t.numpy() for t in self.staging]
         self.done: list[Any] = [None] * len(self.staging)
         """Per staging buffer: a CUDA event recorded after the copies out of it."""

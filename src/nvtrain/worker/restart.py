@@ -46,6 +46,7 @@ from nvtrain.worker.context import Context
 from nvtrain.worker.faults import FaultInjector
 from nvtrain.worker.gloo_cut import GlooLinks
 from nvtrain.worker.heartbeat import KEEP_ALIVE_FALLBACK, Heartbeat
+from nvtrain.worker.hostcopy import warm_restore
 from nvtrain.worker.settings import WorkerSettings, load_settings, say
 
 __all__ = ["run"]
@@ -80,9 +81,9 @@ def _attempt(
     policy = settings.policy
     world = int(os.environ.get("WORLD_SIZE", "1"))
     timeout = datetime.timedelta(seconds=policy.job.collective_timeout)
+    if _backend(policy.job.backend) == "nccl":
+        _on_gpu(distributed=world > 1 or store is not None, first=iteration == 0)
     if world > 1 or store is not None:
-        if _backend(policy.job.backend) == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         if store is not None:
             backend = _backend(policy.job.backend)
             # The stores' connections are never cut: MASTER_PORT (torch elastic's) and the one
@@ -149,6 +150,16 @@ def _attempt(
         _Current.links = None
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _on_gpu(*, distributed: bool, first: bool) -> None:
+    """An attempt on NCCL: this rank's GPU is its local rank's; in a new process, the buffers a
+    restore from the host copy reads through are made in the background meanwhile (a replacement
+    worker's restore then finds them made: ``hostcopy.warm_restore``)."""
+    if distributed:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if first:
+        warm_restore(int(os.environ.get("RANK", "0")))
 
 
 def _cut_links() -> None:

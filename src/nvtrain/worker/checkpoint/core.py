@@ -79,6 +79,9 @@ class _Save:
         """This rank's files and manifest are written, or failed (``error``)."""
         self.cancelled = False
         """Another rank's part failed: rank 0 stops waiting for its manifest, commits nothing."""
+        self.committed = threading.Event()
+        """Rank 0 has put it in place, or it failed (or this rank commits nothing): what a soft
+        fault's ``settle`` waits for. ``done`` follows once the retention after it has run."""
         self.done = threading.Event()
         self.error = error
         self.started = time.monotonic()

@@ -262,6 +262,7 @@ class Saving(CheckpointerCore):
         except BaseException as exc:  # noqa: BLE001 - reported by wait(); never kills the trainer thread
             save.error = exc
         finally:
+            save.committed.set()
             save.done.set()
 
     def _write_manifest(self, save: _Save) -> None:
@@ -271,6 +272,8 @@ class Saving(CheckpointerCore):
 
     def _commit(self, save: _Save) -> None:
         deadline = time.monotonic() + 600.0
+        pause = 0.005  # (the other ranks' writes end about when this one's does: look again soon,
+        # then less often; a soft fault's settle waits on this commit)
         while missing := layout.missing_manifests(save.folder, self.world):
             if self.aborted or save.cancelled:
                 return
@@ -278,7 +281,8 @@ class Saving(CheckpointerCore):
                 raise TimeoutError(
                     errno.ETIMEDOUT, f"{', '.join(missing)} not written within 600 s", str(save.folder)
                 )
-            time.sleep(0.05)
+            time.sleep(pause)
+            pause = min(0.05, pause * 1.5)
         files = layout.write_committed(save.folder, step=save.step, world=self.world, token=save.token)
         final = layout.step_dir(self.run_dir, save.step)
         with _PLACING:
@@ -305,6 +309,7 @@ class Saving(CheckpointerCore):
                     bytes=sum(int(f["size"]) for f in files.values()),
                 )
             )
+        save.committed.set()  # (a soft fault's settle need not wait for the retention)
         with contextlib.suppress(OSError):  # retention is tried again after the next commit
             layout.retain(self.run_dir, save.step, self.policy.keep)
 
@@ -385,7 +390,7 @@ class Saving(CheckpointerCore):
             return False
         t0 = time.monotonic()
         try:
-            finished = save.done.wait(max(0.0, limit)) and save.error is None
+            finished = save.committed.wait(max(0.0, limit)) and save.error is None
         finally:
             save.settled.set()
         self._emit(
