@@ -66,7 +66,13 @@ def starter(work: Path, env: dict[str, str]) -> Path:
 
 
 def run_once(
-    src: Path, policy: Path | None, nvrx: str | None, timeout: float, *, use_starter: bool = False
+    src: Path,
+    policy: Path | None,
+    nvrx: str | None,
+    timeout: float,
+    *,
+    use_starter: bool = False,
+    keep: Path | None = None,
 ) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="nvtrain-defaults-"))
     path = [str(src), *([nvrx] if nvrx else [])]
@@ -89,12 +95,16 @@ def run_once(
     wall = time.monotonic() - started
     run_dir = (work / "ckpt" if policy or use_starter else Path("/tmp/nvtrain-demo/checkpoints")) / "defaults"
     data = report_json(run_dir, env={**os.environ, "PYTHONPATH": str(NEW)}, timeout=120)
+    if keep is not None:  # the run's events and logs, and what the launcher printed
+        shutil.copytree(run_dir, keep, dirs_exist_ok=True)
+        (keep / "launcher.out").write_text(done.stdout + done.stderr, encoding="utf-8")
     shutil.rmtree(work, ignore_errors=True)
     result: dict[str, Any] = {"exit_code": done.returncode, "wall_s": round(wall, 3)}
     if "error" in data:
         result["error"] = data["error"] or done.stderr[-2000:]
         return result
     result["time_s"] = data["time_s"]
+    result["goodput"] = data["goodput"]
     result["incidents"] = [
         {
             "cause": i["cause"],
@@ -102,6 +112,8 @@ def run_once(
             "recovery_s": i["recovery_s"],
             "phases_s": i["phases_s"],
             "restore_source": i.get("restore_source"),
+            "rollback_steps": i.get("rollback_steps"),
+            "rollback_s": i.get("rollback_s"),
         }
         for i in data["incidents"]
     ]
@@ -116,6 +128,8 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         for cause in causes:
             incidents = [i for r in results for i in r.get("incidents", []) if i["cause"] == cause]
             row[cause] = {"recovery_s": stats.median([i["recovery_s"] for i in incidents], 3)}
+            for lost in ("rollback_steps", "rollback_s"):  # the steps done again after it
+                row[cause][lost] = stats.median([i.get(lost) for i in incidents], 3)
             for phase in ("detection", "teardown", "rendezvous", "start", "restore", "first_step"):
                 values = [i["phases_s"][phase] for i in incidents if i["phases_s"].get(phase) is not None]
                 row[cause][phase] = stats.median(values, 3)
@@ -123,6 +137,8 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             row[part] = stats.median(
                 [r["time_s"][part] for r in results if "time_s" in r and r["time_s"].get(part)], 3
             )
+        goodput = [r["goodput"]["training"] for r in results if "goodput" in r]
+        row["training_goodput"] = stats.median(goodput, 3)
         row["exit_codes"] = [r["exit_code"] for r in results]
         table[arm] = row
     return table
@@ -134,6 +150,7 @@ def main() -> None:
     parser.add_argument("--policy", type=Path, help="a policy file (default: the built-in demo)")
     parser.add_argument("--nvrx", help="a folder with another NVRx, put ahead of the venv's")
     parser.add_argument("--starter", action="store_true", help="run the edited `nvtrain init` project")
+    parser.add_argument("--keep", type=Path, help="keep each run's folder in KEEP/<arm>-<n>")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--json", type=Path)
@@ -143,7 +160,10 @@ def main() -> None:
     for rep in range(args.repeats):
         order = list(arms) if rep % 2 == 0 else list(reversed(arms))
         for arm in order:
-            result = run_once(arms[arm], args.policy, args.nvrx, args.timeout, use_starter=args.starter)
+            keep = None if args.keep is None else args.keep / f"{arm}-{rep + 1}"
+            result = run_once(
+                arms[arm], args.policy, args.nvrx, args.timeout, use_starter=args.starter, keep=keep
+            )
             runs[arm].append(result)
             print(json.dumps({"arm": arm, **result}), flush=True)
     table = summarize(runs)

@@ -99,6 +99,15 @@ def test_ports_never_clash() -> None:
 def test_nodes_interval_and_escalation_follow_what_is_set() -> None:
     assert _valid("[rendezvous]\nmin_nodes = 3\n").rendezvous.nodes == 3
     assert _valid("", job=JOB + "max_steps = 50\n").checkpoint.interval == 5
+    # a tenth of the run, at most 1000: no jump from 99 to 1000 steps at 1000 steps
+    intervals = {
+        steps: _valid("", job=JOB + f"max_steps = {steps}\n").checkpoint.interval
+        for steps in (5, 990, 1000, 2000, 9999, 10_000, 50_000)
+    }
+    assert intervals == {5: 1, 990: 99, 1000: 100, 2000: 200, 9999: 999, 10_000: 1000, 50_000: 1000}
+    assert (
+        _valid("", job=JOB + "max_steps = 2000\n[checkpoint]\ninterval = 1000\n").checkpoint.interval == 1000
+    )
     p = _valid("[restart.in_process]\nenabled = false\n[restart.in_job]\nmax_restarts = 1\n")
     assert p.restart.escalate_after == 2
 

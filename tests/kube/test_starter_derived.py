@@ -61,30 +61,44 @@ def test_init_writes_no_derived_key(tmp_path: Path) -> None:
     assert sorted(k for k in DERIVED_KEYS if _at(data, k)) == []
 
 
-def test_each_derived_key_is_commented_out_with_its_default_and_rule(tmp_path: Path) -> None:
-    commented = _commented(_written(tmp_path))
+def _value(policy: object, dotted: str) -> object:
+    *tables, key = dotted.split(".")
+    node = policy
+    for table in tables:
+        node = getattr(node, table)
+    return getattr(node, key)
+
+
+def test_each_derived_key_is_commented_out_with_its_value_in_effect_and_rule(tmp_path: Path) -> None:
+    """Its plain default, or (``[checkpoint] interval``, from the starter's ``max_steps``) what
+    the starter's own values derive, said in its comment."""
+    text = _written(tmp_path)
+    commented = _commented(text)
+    checked = validate_source(text, "policy.toml", nvrx=None)
+    assert checked.policy is not None
     plain = Policy.model_validate({"job": {"name": "x", "script": "t.py"}})
     for dotted in DERIVED_KEYS:
         assert dotted in commented, f"{dotted} is not written commented out"
         value, comment = commented[dotted]
-        *tables, key = dotted.split(".")
-        node: object = plain
-        for table in tables:
-            node = getattr(node, table)
         shown = tomllib.loads(f"v = {value}")["v"]
         if isinstance(shown, str):  # a duration
             shown = parse_duration(shown)
-        assert shown == getattr(node, key), f"{dotted}: {value} is not its default"
+        assert shown == _value(checked.policy, dotted), f"{dotted}: {value} is not its value in effect"
         assert re.search(r"Default: .*, or ", comment), f"{dotted}: the comment states no rule: {comment}"
+        if shown != _value(plain, dotted):
+            assert dotted in checked.policy.derived and "Here: " in comment, dotted
+    assert checked.policy.derived.keys() == {"checkpoint.interval"}
+    assert commented["checkpoint.interval"][0] == "200"  # a tenth of the starter's 2000 steps
 
 
 @pytest.mark.parametrize("nvrx", [None, "0.4.1", "0.6.0", "0.7.0"])
-def test_the_starter_validates_clean_and_derives_nothing(tmp_path: Path, nvrx: str | None) -> None:
+def test_the_starter_validates_clean_and_derives_only_what_it_shows(tmp_path: Path, nvrx: str | None) -> None:
     text = _written(tmp_path)
     result = validate_source(text, "policy.toml", nvrx=NvrxVersion.parse(nvrx) if nvrx else None)
     assert result.ok and [f for f in result.findings if f.severity != "info"] == []
-    # As written every derived key has its plain default, the value its commented line shows.
-    assert result.policy is not None and result.policy.derived == {}
+    # Only the checkpoint interval is derived (from max_steps), as its commented line shows.
+    assert result.policy is not None and set(result.policy.derived) == {"checkpoint.interval"}
+    assert result.policy.checkpoint.interval == 200
 
 
 def test_the_cpu_edit_of_the_header_gets_the_gloo_collective_timeout(tmp_path: Path) -> None:

@@ -349,7 +349,7 @@ def _sizes(d: _Draft) -> None:
     if not d.given(("rendezvous", "nodes")) and _count(min_nodes) and min_nodes > 1:
         d.put(("rendezvous", "nodes"), min_nodes, "[rendezvous] min_nodes")
     steps = d.value(("job", "max_steps"))
-    if not d.given(("checkpoint", "interval")) and _count(steps) and steps < CHECKPOINT_INTERVAL:
+    if not d.given(("checkpoint", "interval")) and _count(steps) and steps // 10 < CHECKPOINT_INTERVAL:
         d.put(("checkpoint", "interval"), max(1, steps // 10), "[job] max_steps")
     restarts = d.value(("restart", "in_job", "max_restarts"))
     in_process_off = (

@@ -313,7 +313,7 @@ class Checkpoint(BaseModel):
 
     interval: int = Field(default=CHECKPOINT_INTERVAL, ge=1)
     """Steps between two checkpoints. Unit: steps. Default: 1000, or a tenth of `[job]
-    max_steps` when the run is shorter than 1000 steps."""
+    max_steps` (at least 1) when that is fewer."""
 
     async_: bool = Field(default=True, alias="async")
     """Save in the background: training is blocked only while the state is copied to host

@@ -25,6 +25,7 @@ from pydantic.fields import FieldInfo
 from nvtrain.config.derive import DERIVED_KEYS
 from nvtrain.config.duration import format_duration, is_duration_field
 from nvtrain.config.schema import Fault, Policy, table_model
+from nvtrain.config.validation import validate_source
 from nvtrain.errors import UsageError
 from nvtrain.findings import toml_value
 
@@ -38,8 +39,9 @@ _WIDTH = 96
 # The starter's value of every key, as TOML text; a schema key missing here makes
 # ``starter_policy()`` fail, so a new key cannot be forgotten. Keys in _UNSET are written
 # commented out (optional keys whose default is the better start). A key whose default may be
-# derived (``DERIVED_KEYS``) has no value here: it is written commented out with its plain
-# default, so that its default goes on following the keys it depends on when those are edited.
+# derived (``DERIVED_KEYS``) has no value here: it is written commented out with the value it
+# takes (its plain default, or what the starter's own values derive: ``starter_policy``), so that
+# it goes on following the keys it depends on when those are edited.
 _VALUES: dict[str, dict[str, str]] = {
     "job": {
         "name": '"my-training"',
@@ -140,8 +142,12 @@ def _default_text(info: FieldInfo) -> str | None:
     return toml_value(info.default)
 
 
-def _table(name: str, model: type[BaseModel], *, commented: bool = False) -> list[str]:
-    """``[name]`` with every plain key of ``model``, then its sub-tables."""
+def _table(
+    name: str, model: type[BaseModel], *, commented: bool = False, derived: dict[str, str] | None = None
+) -> list[str]:
+    """``[name]`` with every plain key of ``model``, then its sub-tables. A derived key in
+    ``derived`` (``{"table.key": value}``) is shown with that value: what the starter's own
+    values derive for it."""
     lead = "# " if commented else ""
     values = _VALUES.get(name)
     if values is None:
@@ -160,9 +166,13 @@ def _table(name: str, model: type[BaseModel], *, commented: bool = False) -> lis
         if f"{name}.{key}" in DERIVED_KEYS:
             if key in values:
                 raise KeyError(f"starter policy: [{name}] {key} is derived; remove it from _VALUES")
-            # Its docstring states the rule ("Default: X, or Y when ..."), shown above the default.
+            # Its docstring states the rule ("Default: X, or Y when ..."), shown above the value
+            # in effect: the plain default, or what the starter's values derive.
             assert default is not None and "Default:" in doc, f"[{name}] {key}"
-            lines += ["", *_comment(doc), f"# {key} = {default}"]
+            shown = (derived or {}).get(f"{name}.{key}", default)
+            if shown != default:
+                doc += f" Here: {shown}, from the values above."
+            lines += ["", *_comment(doc), f"# {key} = {shown}"]
             continue
         if key not in values:
             raise KeyError(f"starter policy: no value for [{name}] {key}; add it to _VALUES")
@@ -179,12 +189,33 @@ def _table(name: str, model: type[BaseModel], *, commented: bool = False) -> lis
     if unknown:
         raise KeyError(f"starter policy: [{name}] has no keys {sorted(unknown)}; remove them from _VALUES")
     for child, inner in tables:
-        lines += _table(child, inner, commented=commented)
+        lines += _table(child, inner, commented=commented, derived=derived)
     return lines
 
 
 def starter_policy() -> str:
-    """The starter policy's text: every table and key of the schema, each with its docstring."""
+    """The starter policy's text: every table and key of the schema, each with its docstring;
+    a derived key shows what the starter's own values derive for it (``max_steps`` sets the
+    checkpoint interval, say)."""
+    first = _starter_lines({})
+    checked = validate_source(first, "policy.toml", nvrx=None)
+    assert checked.ok and checked.policy is not None, "the starter policy does not validate"
+    derived = {dotted: _value_text(checked.policy, dotted) for dotted in checked.policy.derived}
+    return _starter_lines(derived)
+
+
+def _value_text(policy: Policy, dotted: str) -> str:
+    """The TOML text of ``policy``'s value of the key ``"table.key"``, as the starter writes it."""
+    *tables, key = dotted.split(".")
+    node: BaseModel = policy
+    for table in tables:
+        node = getattr(node, table)
+    field, info = next((f, i) for f, i in type(node).model_fields.items() if (i.alias or f) == key)
+    value = getattr(node, field)
+    return toml_value(format_duration(value)) if is_duration_field(info.metadata) else toml_value(value)
+
+
+def _starter_lines(derived: dict[str, str]) -> str:
     lines = [f"# {line}".rstrip() for line in _HEADER.splitlines()]
     for field, info in Policy.model_fields.items():
         inner = table_model(info.annotation)
@@ -196,7 +227,7 @@ def starter_policy() -> str:
             ]
             lines += _table(field, inner, commented=True)
         else:
-            lines += _table(info.alias or field, inner)
+            lines += _table(info.alias or field, inner, derived=derived)
     return "\n".join(lines) + "\n"
 
 
