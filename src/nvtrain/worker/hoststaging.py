@@ -27,6 +27,7 @@ page-locked memory and nothing here.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import math
 import threading
@@ -111,6 +112,8 @@ def warm(nbytes: int, chunk: int, readers: int, device: int) -> threading.Event:
         finally:
             done.set()
 
+    # (at exit, wait for it: CUDA torn down under a page-locking call could crash the process)
+    atexit.register(done.wait, 60.0)
     threading.Thread(target=run, daemon=True, name="nvtrain-restore-staging").start()
     return done
 

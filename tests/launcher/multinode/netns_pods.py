@@ -587,9 +587,9 @@ class Cluster:
                 _ip("link", "delete", link, check=False)
         if self.firewall_opened:
             _close_bridge_forwarding(self.bridge)
-        _remove_netns_etc_if_empty()
         shutil.rmtree(self.tmp_root, ignore_errors=True)
         with _registry_locked():  # not between another process's mkdir and its record
+            _remove_netns_etc_if_empty()  # (nor between its mkdir of /etc/netns and of its pod's folder)
             self._registry.unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 REGISTRY.rmdir()
@@ -616,7 +616,10 @@ class Cluster:
         _ip("-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
         _ip("-n", ns, "link", "set", "eth0", "up")
         etc = NETNS_ETC / ns
-        etc.mkdir(parents=True, exist_ok=True)
+        # Under the lock: another process removing an empty /etc/netns (its cluster closing, or a
+        # sweep) between this mkdir of /etc/netns and of the pod's folder in it failed it.
+        with _registry_locked():
+            etc.mkdir(parents=True, exist_ok=True)
         (etc / "resolv.conf").write_text(f"nameserver {self.server}\noptions timeout:1 attempts:2\n")
         # What the kubelet writes for a pod with hostname + subdomain.
         (etc / "hosts").write_text(
