@@ -129,7 +129,9 @@ def borrow(count: int, size: int, *, pinned: bool) -> Iterator[list[torch.Tensor
         return
     warming = _Pool.warming
     if warming is not None:
-        warming.wait()  # (making them at the same time would only make both slower)
+        # (making them at the same time would only make both slower; a set-up that has not
+        # ended in a minute is not waited for longer)
+        warming.wait(60.0)
     _allocate(count, size)
     with _Pool.lock:
         fitting = [t for t in _Pool.free if t.numel() >= size][:count]
