@@ -95,8 +95,10 @@ def run_once(
     wall = time.monotonic() - started
     run_dir = (work / "ckpt" if policy or use_starter else Path("/tmp/nvtrain-demo/checkpoints")) / "defaults"
     data = report_json(run_dir, env={**os.environ, "PYTHONPATH": str(NEW)}, timeout=120)
-    if keep is not None:  # the run's events and logs, and what the launcher printed
-        shutil.copytree(run_dir, keep, dirs_exist_ok=True)
+    if keep is not None:  # the run's events and logs (if it got that far), and what the launcher printed
+        if run_dir.is_dir():
+            shutil.copytree(run_dir, keep, dirs_exist_ok=True)
+        keep.mkdir(parents=True, exist_ok=True)
         (keep / "launcher.out").write_text(done.stdout + done.stderr, encoding="utf-8")
     shutil.rmtree(work, ignore_errors=True)
     result: dict[str, Any] = {"exit_code": done.returncode, "wall_s": round(wall, 3)}

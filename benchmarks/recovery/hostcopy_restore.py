@@ -23,7 +23,7 @@ optimizer's state made by torch's zero-lr step, find, load, set_state_dict) foll
 steps, and as many processes that train a fresh model without one: the first step against the
 median of the later ones. --device cuda puts the live state on the GPU (the H200 run), and adds
 fresh processes that start making the restore's page-locked staging buffers at their start, as a
-replacement worker does (``hostcopy.warm_restore``), against ones that make them in the restore.
+replacement worker does (``restore_ahead.warm_restore``), against ones that make them in the restore.
 
     python benchmarks/recovery/hostcopy_restore.py --size 4G --repeats 7
     python benchmarks/recovery/hostcopy_restore.py --size 200M --width 64       # 16,276 tensors
@@ -55,7 +55,7 @@ from _lib import cli  # noqa: E402  (and this tree's src first on the path)
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
 
 from nvtrain.private import make_private_dir  # noqa: E402
-from nvtrain.worker import hostcopy, hostread, hoststaging  # noqa: E402
+from nvtrain.worker import hostcopy, hostread, hoststaging, restore_ahead  # noqa: E402
 from nvtrain.worker.hostcopy import (  # noqa: E402
     FORMAT,
     HostCopy,
@@ -247,7 +247,7 @@ def child(args: argparse.Namespace) -> None:
     warming = None
     if args.child == "restore-ahead":  # as a replacement worker does at its start (``warm_restore``)
         torch.cuda.set_device(0)
-        nbytes = hostcopy.sealed_bytes(args.folder, 0)
+        nbytes = restore_ahead.sealed_bytes(args.folder, 0)
         assert nbytes is not None, "no header of rank 0's in the folder"
         warming = hoststaging.warm(nbytes, hostread.CHUNK, hostread.threads()[0], 0)
         t_warm = time.perf_counter()

@@ -19,8 +19,9 @@ torch = pytest.importorskip("torch")
 
 from nvtrain.private import make_private_dir  # noqa: E402
 from nvtrain.worker import hoststaging  # noqa: E402
-from nvtrain.worker.hostcopy import ENV, HostCopy, Layout, sealed_bytes, warm_restore  # noqa: E402
+from nvtrain.worker.hostcopy import ENV, HostCopy, Layout  # noqa: E402
 from nvtrain.worker.hostread import CHUNK, threads  # noqa: E402
+from nvtrain.worker.restore_ahead import sealed_bytes, warm_restore  # noqa: E402
 
 MiB = 1 << 20
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

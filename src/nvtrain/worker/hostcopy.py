@@ -57,16 +57,7 @@ from nvtrain.worker import hoststaging
 from nvtrain.worker.hostread import CHUNK, Rejected, open_private, read_checked, read_private, threads
 from nvtrain.worker.plain import check_plain, load_plain
 
-__all__ = [
-    "ENV",
-    "HostCopy",
-    "Unsupported",
-    "host_copy",
-    "in_background",
-    "sealed_bytes",
-    "usable",
-    "warm_restore",
-]
+__all__ = ["ENV", "HostCopy", "Unsupported", "header_paths", "host_copy", "in_background", "usable"]
 
 ENV = "NVTRAIN_HOST_COPY_DIR"
 """The folder ``nvtrain run`` keeps for this pod's host copies (unset: copies live in the
@@ -77,8 +68,7 @@ FORMAT = 3
 hashes, a MAC over the header, an extra file of plain data only)."""
 _ALIGN = 64
 _SLOTS = 2
-_REGISTER_PORTABLE = 1
-"""``cudaHostRegisterPortable``."""
+_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable
 _HEADER_FIELDS = ("format", "run_id", "rank", "world", "step", "token", "layout", "bytes")
 """The fields a copy is checked by (``find``); a re-sealed peer copy keeps them as they came."""
 
@@ -363,6 +353,15 @@ class _Slot:
         return True
 
 
+def _slots(folder: Path, rank: int) -> list[_Slot]:
+    return [_Slot(folder, f"rank{rank}.slot{i}", i) for i in range(_SLOTS)]
+
+
+def header_paths(folder: Path, rank: int) -> list[Path]:
+    """Where ``rank``'s slot headers are in ``folder`` (sealed copies have one)."""
+    return [slot.header for slot in _slots(folder, rank)]
+
+
 class HostCopy:
     """This rank's two slots in ``folder``. Also the ``AsyncStager`` of its async saves: the
     staged state handed to torch's writer is made of views into the slot's mapped file."""
@@ -373,7 +372,7 @@ class HostCopy:
         self.run_id = run_id
         self.rank = rank
         self.world = world
-        self.slots = [_Slot(folder, f"rank{rank}.slot{i}", i) for i in range(_SLOTS)]
+        self.slots = _slots(folder, rank)
         self.layout: Layout | None = None
         self.lock = threading.Lock()
         self.keep: int | None = None
@@ -692,33 +691,3 @@ def host_copy(folder: Path, *, run_id: str, rank: int, world: int, key: bytes) -
     if copy is None:
         copy = _COPIES[name] = HostCopy(folder, run_id=run_id, rank=rank, world=world, key=key)
     return copy
-
-
-def sealed_bytes(folder: Path, rank: int) -> int | None:
-    """The size of the largest copy of ``rank``'s that ``folder`` holds a header of (None when
-    none). The headers are only read for their size (plain JSON of a private file of this
-    user's); ``find`` checks a copy itself before it is used."""
-    sizes = []
-    for index in range(_SLOTS):
-        try:
-            header = json.loads(read_private(folder / f"rank{rank}.slot{index}.json"))
-        except (OSError, ValueError):  # (Rejected is a ValueError)
-            continue
-        size = header.get("bytes") if isinstance(header, dict) else None
-        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-            sizes.append(size)
-    return max(sizes, default=None)
-
-
-def warm_restore(rank: int) -> threading.Event | None:
-    """In a worker that starts on a GPU: when this pod's folder (``$NVTRAIN_HOST_COPY_DIR``)
-    holds a copy of ``rank``'s (a worker of this rank was replaced), start making the
-    page-locked buffers its restore will read through (``hoststaging.warm``) while the worker
-    joins the process group and builds its model. None when there is nothing to restore here."""
-    folder = os.environ.get(ENV)
-    if not folder or not torch.cuda.is_available():
-        return None
-    nbytes = sealed_bytes(Path(folder), rank)
-    if nbytes is None:
-        return None
-    return hoststaging.warm(nbytes, CHUNK, threads()[0], torch.cuda.current_device())

@@ -14,7 +14,7 @@ So the buffers are taken from here (``borrow``): allocated once per process, len
 at a time, and set up ahead (``warm``) in a background thread:
 
 - in a replacement worker, at its start, when this pod's folder holds a host copy of its rank
-  (``hostcopy.warm_restore``): the buffers are made while it joins the process group and builds
+  (``restore_ahead.warm_restore``): the buffers are made while it joins the process group and builds
   its model;
 - in every worker, once its host copy's slots are mapped (``HostCopy.prepare``), so that the
   first in-process restart does not pay for them either.

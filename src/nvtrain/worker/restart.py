@@ -46,7 +46,7 @@ from nvtrain.worker.context import Context
 from nvtrain.worker.faults import FaultInjector
 from nvtrain.worker.gloo_cut import GlooLinks
 from nvtrain.worker.heartbeat import KEEP_ALIVE_FALLBACK, Heartbeat
-from nvtrain.worker.hostcopy import warm_restore
+from nvtrain.worker.restore_ahead import warm_restore
 from nvtrain.worker.settings import WorkerSettings, load_settings, say
 
 __all__ = ["run"]
@@ -155,7 +155,7 @@ def _attempt(
 def _on_gpu(*, distributed: bool, first: bool) -> None:
     """An attempt on NCCL: this rank's GPU is its local rank's; in a new process, the buffers a
     restore from the host copy reads through are made in the background meanwhile (a replacement
-    worker's restore then finds them made: ``hostcopy.warm_restore``)."""
+    worker's restore then finds them made: ``restore_ahead``)."""
     if distributed:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if first:
