@@ -21,6 +21,10 @@ goodput = final step x median step time / wall time from launch to exit.
 
     python benchmarks/integrations/compare.py --frameworks hf,lightning,accelerate --nproc 8 \\
         --json integrations-h200.json --keep /tmp/integrations-runs
+
+Each nvtrain run's incidents (cause, layer, recovery, phases) come from ``nvtrain report --json``;
+``--keep`` also keeps its events log and launcher log. A run's folder (its checkpoints) is removed
+once it is measured.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -39,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _lib
 from _lib import cli, procs  # noqa: E402
-from _lib.runs import run_events  # noqa: E402
+from _lib.runs import report_json, run_events  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "bench_train.py"
@@ -162,9 +167,19 @@ def one_run(args: argparse.Namespace, framework: str, arm: str) -> dict[str, Any
     result |= {"framework": framework, "arm": arm, "exit_code": proc.returncode, "stopped": stopped}
     if blocked_events:
         result["blocked_s_events_median"] = round(statistics.median(blocked_events), 4)
+    if arm == "nvtrain":
+        report = report_json(work / "ckpt" / f"bench-{framework}", timeout=120)
+        keys = ("cause", "layer", "recovery_s", "phases_s")
+        result["incidents"] = [{k: i.get(k) for k in keys} for i in report.get("incidents", [])]
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
-        (args.keep / f"{framework}-{arm}-{int(started)}.out").write_text(text, encoding="utf-8")
+        name = f"{framework}-{arm}-{int(started)}"
+        (args.keep / f"{name}.out").write_text(text, encoding="utf-8")
+        if arm == "nvtrain":  # the run's logs: what nvtrain report and NVRx's own lines say
+            run_dir = work / "ckpt" / f"bench-{framework}"
+            for log in [*run_dir.glob("events-node*.jsonl"), *run_dir.glob("launcher-node*.log")]:
+                shutil.copyfile(log, args.keep / f"{name}.{log.name}")
+    shutil.rmtree(work, ignore_errors=True)  # its checkpoints: GBs per run
     return result
 
 
@@ -256,6 +271,9 @@ def main() -> None:
             f"{r['blocked_s_median']} s (events {r.get('blocked_s_events_median')})  "
             f"goodput {r['goodput']}  steps {r['final_step']}/{args.steps} in {r['wall_s']} s"
         )
+        for incident in r.get("incidents", []):
+            cause, layer = incident["cause"], incident["layer"]
+            print(f"    {cause} ({layer}): {incident['recovery_s']} s, {incident['phases_s']}")
     options = vars(args) | {"json": str(args.json), "keep": str(args.keep)}
     cli.write_json(args.json, {"args": options, "runs": runs}, indent=1)
 

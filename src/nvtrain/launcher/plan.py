@@ -51,6 +51,10 @@ MONITOR_INTERVAL = 0.1
 """ft_launcher's ``--monitor-interval``, torchrun's default: how often it looks at its workers
 (a worker's exit also wakes it at once, ``ftmain``) and at the store for peers' restarts. The
 heartbeat checks run at ``[heartbeat] monitor_interval`` (``--ft-workload-check-interval``)."""
+GPU_MEMORY_POLL_INTERVAL = 0.05
+"""NVRx 0.6+: how often ft_launcher looks at the GPUs' used memory after stopping the workers,
+before it lets new ones start (``--ft-gpu-memory-poll-interval``; NVRx's own is 2 s). A look
+that finds a dead worker's memory not yet freed used to cost 2 s; now 50 ms more at most."""
 ENTRY, ZYGOTE_CLIENT = ENTRY_MODULES
 """The entrypoints: ``ftmain`` cuts ft_launcher's command line after them and their target, so
 that no word of the script's arguments reaches ft_launcher's parser (each of ft_launcher's own
@@ -302,6 +306,8 @@ def _health_options(policy: Policy, identity: Identity, nvrx: NvrxVersion) -> li
             options.append("--ft-enable-nic-healthcheck=false")
         if not identity.has_gpu:
             options.append("--ft-gpu-memory-reclaim-timeout=0")
+        else:  # the wait for the stopped workers' GPU memory ends within 50 ms of the reclaim
+            options.append(f"--ft-gpu-memory-poll-interval={_seconds(GPU_MEMORY_POLL_INTERVAL)}")
     return options
 
 
