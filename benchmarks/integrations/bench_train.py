@@ -8,6 +8,14 @@ The model: a GPT-2 built from a config (``--layers``, ``--width``; nothing downl
 random tokens, the same in all three frameworks. Rank 0 prints ``BENCH STEP <n> <unix time>``
 after every optimizer step and ``BENCH MAIN 0 <unix time>`` when ``main()`` starts.
 
+With ``--final PATH`` rank 0 ends by writing the model's floating-point state, flattened to
+float32 in ``state_dict`` order, as raw bytes to PATH (``numpy.fromfile`` reads it back: nothing
+pickled), and printing ``BENCH FINAL <loss>``: the loss of the final model on a fixed batch. Two
+runs' files compared say how far a recovered run ends from a fault-free one
+(``compare.py --tolerance``). ``--deterministic`` asks torch for deterministic kernels
+(``torch.use_deterministic_algorithms``, warnings only; ``CUBLAS_WORKSPACE_CONFIG`` must be set
+before the process starts).
+
 Faults in ``--mode plain`` come from ``BENCH_FAULTS`` (``kind:step,...``; kinds ``exception``,
 ``sigkill``, ``hang``), fired on rank 0 once each (marker files in ``BENCH_FAULT_DIR``), each
 announced by ``BENCH FAULT <kind> <step> <unix time>``. In ``--mode nvtrain`` they come from
@@ -78,6 +86,24 @@ def gpt2(args: argparse.Namespace) -> Any:
     return transformers.GPT2LMHeadModel(config)
 
 
+def finish(model: torch.nn.Module, args: argparse.Namespace) -> None:
+    """``--final``: rank 0 writes the model's state and prints its loss on a fixed batch."""
+    if args.final is None or rank() != 0:
+        return
+    state = [v for v in model.state_dict().values() if torch.is_floating_point(v)]
+    flat = torch.cat([v.detach().reshape(-1).float().cpu() for v in state])
+    args.final.parent.mkdir(parents=True, exist_ok=True)
+    flat.numpy().tofile(args.final)
+    batch = torch.stack([Tokens(args.vocab, args.seq)[i] for i in range(args.batch)])
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        loss = model(input_ids=batch.to(device), labels=batch.to(device)).loss
+    model.train(was_training)
+    say(f"BENCH FINAL {float(loss):.8f}")
+
+
 class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
     def __init__(self, vocab: int, seq: int, size: int = 100_000) -> None:
         self.vocab, self.seq, self.size = vocab, seq, size
@@ -128,6 +154,7 @@ def hf_main(ctx: Any, args: argparse.Namespace) -> None:
     else:
         last = get_last_checkpoint(str(args.out)) if args.out.is_dir() else None
         trainer.train(resume_from_checkpoint=last)
+    finish(trainer.model, args)
 
 
 # -- Lightning ------------------------------------------------------------------------------
@@ -172,10 +199,13 @@ def lightning_main(ctx: Any, args: argparse.Namespace) -> None:
     if args.mode == "nvtrain":
         import nvtrain.integrations.lightning as nvpl
 
-        nvpl.fit(ctx, trainer, Net(), train_dataloaders=loader)
+        net = Net()
+        nvpl.fit(ctx, trainer, net, train_dataloaders=loader)
     else:
+        net = Net()
         last = args.out / "last.ckpt"
-        trainer.fit(Net(), loader, ckpt_path=str(last) if last.exists() else None)
+        trainer.fit(net, loader, ckpt_path=str(last) if last.exists() else None)
+    finish(net.model, args)
 
 
 # -- accelerate -----------------------------------------------------------------------------
@@ -202,6 +232,7 @@ def accelerate_main(ctx: Any, args: argparse.Namespace) -> None:
         for step, batch in loop:
             train_step(batch)
             step_done(step, args.mode)
+        finish(accelerator.unwrap_model(model), args)
         return
     # plain: accelerate's own save_state every --save-every steps, the newest loaded on start
     saved = (
@@ -224,6 +255,7 @@ def accelerate_main(ctx: Any, args: argparse.Namespace) -> None:
                 accelerator.save_state(str(args.out / f"step-{step}"))
             if step >= args.steps:
                 break
+    finish(accelerator.unwrap_model(model), args)
 
 
 FRAMEWORKS = {"hf": hf_main, "lightning": lightning_main, "accelerate": accelerate_main}
@@ -243,7 +275,11 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=32_000)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--final", type=Path, help="rank 0 writes the final state here (raw float32)")
+    parser.add_argument("--deterministic", action="store_true", help="deterministic kernels (warn only)")
     args = parser.parse_args()
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
     train = FRAMEWORKS[args.framework]
     if args.mode == "plain":
         train(None, args)

@@ -50,10 +50,17 @@ HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "bench_train.py"
 STEP = re.compile(r"^BENCH STEP (\d+) (\d+\.\d+)$", re.MULTILINE)
 FAULT = re.compile(r"^BENCH FAULT (\w+) (\d+) (\d+\.\d+)$", re.MULTILINE)
+FINAL = re.compile(r"^BENCH FINAL (\S+)$", re.MULTILINE)
 
 
-def policy_text(args: argparse.Namespace, framework: str, work: Path, faults: list[tuple[str, int]]) -> str:
-    model = script_args(args, framework, "nvtrain", work)
+def policy_text(
+    args: argparse.Namespace,
+    framework: str,
+    work: Path,
+    faults: list[tuple[str, int]],
+    extra: tuple[str, ...] = (),
+) -> str:
+    model = script_args(args, framework, "nvtrain", work, extra)
     nccl = args.backend == "nccl"
     soft = args.soft_timeout
     lines = [
@@ -93,7 +100,9 @@ def policy_text(args: argparse.Namespace, framework: str, work: Path, faults: li
     return "\n".join(lines)
 
 
-def script_args(args: argparse.Namespace, framework: str, mode: str, work: Path) -> list[str]:
+def script_args(
+    args: argparse.Namespace, framework: str, mode: str, work: Path, extra: tuple[str, ...] = ()
+) -> list[str]:
     return [
         "--framework",
         framework,
@@ -115,30 +124,42 @@ def script_args(args: argparse.Namespace, framework: str, mode: str, work: Path)
         str(args.seq),
         "--batch",
         str(args.batch),
+        *extra,
     ]
 
 
 def parse_faults(text: str) -> list[tuple[str, int]]:
     faults = []
-    for entry in text.split(","):
+    for entry in filter(None, text.split(",")):
         kind, _, step = entry.partition(":")
         faults.append((kind, int(step)))
     return faults
 
 
-def one_run(args: argparse.Namespace, framework: str, arm: str) -> dict[str, Any]:
+def one_run(
+    args: argparse.Namespace,
+    framework: str,
+    arm: str,
+    *,
+    faults_text: str | None = None,
+    extra: tuple[str, ...] = (),
+    env_extra: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """One run of ``framework`` in ``arm``; ``faults_text`` (default ``--faults``; "" for none),
+    ``extra`` arguments for ``bench_train.py`` and ``env_extra`` for its environment."""
     work = Path(tempfile.mkdtemp(prefix=f"integ-{framework}-{arm}-"))
-    faults = parse_faults(args.faults)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(work)}
+    faults_text = args.faults if faults_text is None else faults_text
+    faults = parse_faults(faults_text)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(work), **(env_extra or {})}
     if arm == "torchrun":
         (work / "marks").mkdir()
-        env |= {"BENCH_FAULTS": args.faults, "BENCH_FAULT_DIR": str(work / "marks")}
+        env |= {"BENCH_FAULTS": faults_text, "BENCH_FAULT_DIR": str(work / "marks")}
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # as benchmarks/frameworks/compare.py
-        plain = script_args(args, framework, "plain", work)
+        plain = script_args(args, framework, "plain", work, extra)
         argv = procs.torchrun_argv(args.nproc, "--max-restarts=3", str(SCRIPT), *plain, standalone=True)
     else:
         policy = work / "policy.toml"
-        policy.write_text(policy_text(args, framework, work, faults), encoding="utf-8")
+        policy.write_text(policy_text(args, framework, work, faults, extra), encoding="utf-8")
         argv = procs.nvtrain_run_argv(policy, f"bench-{framework}")
     started = time.time()
     out_path = work / "output.txt"
@@ -165,6 +186,8 @@ def one_run(args: argparse.Namespace, framework: str, arm: str) -> dict[str, Any
         fired, blocked_events = nvtrain_events(work / "ckpt" / f"bench-{framework}")
     result = summarise(args, steps, fired, started, ended)
     result |= {"framework": framework, "arm": arm, "exit_code": proc.returncode, "stopped": stopped}
+    if final := FINAL.findall(text):
+        result["final_loss"] = float(final[-1])
     if blocked_events:
         result["blocked_s_events_median"] = round(statistics.median(blocked_events), 4)
     if arm == "nvtrain":
@@ -235,8 +258,8 @@ def summarise(
     }
 
 
-def main() -> None:
-    parser = cli.parser(__doc__, part="all")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a run, shared with ``tolerance.py``."""
     parser.add_argument("--frameworks", default="hf,lightning,accelerate")
     parser.add_argument("--arms", default="torchrun,nvtrain")
     parser.add_argument("--nproc", type=int, default=8)
@@ -258,6 +281,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep", type=Path, help="keep each run's output here")
+
+
+def main() -> None:
+    parser = cli.parser(__doc__, part="all")
+    add_arguments(parser)
     args = parser.parse_args()
     runs = []
     for framework in args.frameworks.split(","):
