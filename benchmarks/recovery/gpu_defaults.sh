@@ -8,6 +8,10 @@
 #   bash benchmarks/recovery/gpu_defaults.sh frameworks # DDP, HF Trainer, Lightning scripts: torchrun vs nvtrain run
 #   bash benchmarks/recovery/gpu_defaults.sh sigkill    # benchmarks/recovery/sigkill.py, monitor interval 0.1 s
 #   bash benchmarks/recovery/gpu_defaults.sh restore    # hostcopy_restore.py into GPU memory, 4 GB
+#   bash benchmarks/recovery/gpu_defaults.sh integrations  # issue 38: HF, Lightning, accelerate vs torchrun
+#   bash benchmarks/recovery/gpu_defaults.sh tolerance  # issue 38: a faulted run's final state vs fault-free ones
+# (integrations, tolerance: the image's transformers, lightning and accelerate; keep newer wheels
+# off PYTHONPATH, benchmarks/integrations/README.md says why)
 . "$(dirname "$0")/../gpu_env.sh"
 gpu_env || exit 1
 out_dir /tmp/gpu-defaults
@@ -47,6 +51,20 @@ for part in "$@"; do
       timeout 300 python3 benchmarks/recovery/sigkill.py --faults 3 --repeats 2 --startup-reps 0 --monitor-interval 0.1 \
         --json "$OUT/sigkill.json" > "$OUT/sigkill.log" 2>&1
       echo "sigkill exit $?"; grep -E "^\| (nvtrain|torchrun)|^- median" "$OUT/sigkill.log" | head -20 ;;
+    integrations)
+      for fw in hf lightning accelerate; do
+        timeout 190 python3 benchmarks/integrations/compare.py --frameworks $fw --nproc 1 --steps 40 \
+          --save-every 10 --faults exception:12,sigkill:22,hang:32 --soft-timeout 5 --hang-wait 12 --timeout 91 \
+          --keep "$OUT/integ-runs" --json "$OUT/integ-$fw.json" > "$OUT/integ-$fw.log" 2>&1
+        echo "integrations $fw exit $?"; grep -A3 "^$fw " "$OUT/integ-$fw.log" | cut -c1-240
+      done ;;
+    tolerance)
+      for fw in hf lightning accelerate; do
+        timeout 190 python3 benchmarks/integrations/tolerance.py --frameworks $fw --nproc 1 --steps 40 \
+          --save-every 10 --faults exception:12,sigkill:22,hang:32 --soft-timeout 5 --timeout 60 \
+          --json "$OUT/tolerance-$fw.json" > "$OUT/tolerance-$fw.log" 2>&1
+        echo "tolerance $fw exit $?"; tail -2 "$OUT/tolerance-$fw.log"
+      done ;;
     restore)
       timeout 200 python3 benchmarks/recovery/hostcopy_restore.py --size 4G --repeats 3 --device cuda --first-step \
         --json "$OUT/restore.json" > "$OUT/restore.log" 2>&1
