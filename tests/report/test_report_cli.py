@@ -63,6 +63,7 @@ INCIDENT_KEYS = {
     "last_step",
     "restored_step",
     "restore_source",
+    "restore_load_s",
     "rollback_steps",
     "rollback_s",
     "freshness_steps",

@@ -68,6 +68,8 @@ def test_recovery_phases_per_incident() -> None:
     for incident in (first, second):
         assert sum(v for v in incident.phases.values() if v is not None) == pytest.approx(incident.seconds)
         assert incident.failed_attempts == 0
+    # The load itself (the events' seconds): the rest of the restore phase was the script's set-up.
+    assert (first.restore_load_s, second.restore_load_s) == (pytest.approx(0.5), pytest.approx(2.0))
 
 
 def test_rollback_and_freshness_at_each_fault() -> None:

@@ -54,6 +54,7 @@ def _incident(i: Incident) -> dict[str, Any]:
         "last_step": i.last_step,
         "restored_step": i.restored_step,
         "restore_source": i.restore_source,
+        "restore_load_s": _r(i.restore_load_s),
         "rollback_steps": i.rollback_steps,
         "rollback_s": _r(i.lost_s),
         "freshness_steps": i.freshness_steps,

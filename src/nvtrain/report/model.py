@@ -137,6 +137,10 @@ class Incident:
     restore_source: str | None
     """Where the restore read the checkpoint (``Recovery.restored_from``): ``memory``, ``peer``
     or ``storage``, the slowest that any rank read from; None when nothing says."""
+    restore_load_s: float | None
+    """The load itself, the slowest rank's (``checkpoint_restored.seconds``); the rest of the
+    ``restore`` phase is the script's own work before it (building the model, the optimizer, a
+    trainer). None when no load says."""
     rollback_steps: int | None
     """``last_step`` less the step it resumed after (the newest committed one if not recovered)."""
     lost_s: float | None
@@ -460,6 +464,7 @@ def _incident(
         last_step=last,
         restored_step=restored_step,
         restore_source=recovery.restored_from,
+        restore_load_s=recovery.restore_s if recovery.restored is not None and recovery.restore_s else None,
         rollback_steps=rollback,
         lost_s=lost,
         freshness_steps=None if last is None else last - fresh_step,

@@ -221,7 +221,8 @@ def _incident_table(incidents: Sequence[Incident]) -> Table:
             escape(i.cause),
             escape(i.layer),
             f"{'–' if i.last_step is None else i.last_step}→{resumed}",
-            escape(i.restore_source or "–"),
+            escape(i.restore_source or "–")
+            + ("" if i.restore_load_s is None else f" {_secs(i.restore_load_s)}"),
             rolled,
             fresh,
             restarts,
