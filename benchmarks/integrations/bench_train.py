@@ -92,7 +92,6 @@ def finish(model: torch.nn.Module, args: argparse.Namespace) -> None:
         return
     state = [v for v in model.state_dict().values() if torch.is_floating_point(v)]
     flat = torch.cat([v.detach().reshape(-1).float().cpu() for v in state])
-    args.final.parent.mkdir(parents=True, exist_ok=True)
     flat.numpy().tofile(args.final)
     batch = torch.stack([Tokens(args.vocab, args.seq)[i] for i in range(args.batch)])
     device = next(model.parameters()).device
@@ -275,7 +274,9 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=32_000)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--final", type=Path, help="rank 0 writes the final state here (raw float32)")
+    parser.add_argument(
+        "--final", type=Path, help="rank 0 writes the final state here (raw float32; in a folder that exists)"
+    )
     parser.add_argument("--deterministic", action="store_true", help="deterministic kernels (warn only)")
     args = parser.parse_args()
     if args.deterministic:

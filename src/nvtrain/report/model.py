@@ -138,9 +138,9 @@ class Incident:
     """Where the restore read the checkpoint (``Recovery.restored_from``): ``memory``, ``peer``
     or ``storage``, the slowest that any rank read from; None when nothing says."""
     restore_load_s: float | None
-    """The load itself, the slowest rank's (``checkpoint_restored.seconds``); the rest of the
-    ``restore`` phase is the script's own work before it (building the model, the optimizer, a
-    trainer). None when no load says."""
+    """The slowest load of the incident, of any rank and attempt (``checkpoint_restored.seconds``,
+    as ``Recovery.restore_s``); the rest of the ``restore`` phase is the script's own work before
+    it (building the model, the optimizer, a trainer). None when no load says."""
     rollback_steps: int | None
     """``last_step`` less the step it resumed after (the newest committed one if not recovered)."""
     lost_s: float | None
