@@ -127,3 +127,29 @@ def test_visible() -> None:
     assert visible(f"a{TITLE}\tb\n{C1}\x7f") == "a\\x1b]0;pwned\\x07\tb\n\\x9b2J\\x85\\x7f"
     assert visible("a\tb\nc\r", lines=False) == "a\\x09b\\x0ac\\x0d"
     assert visible("plain text: é, ü, 日本, →") == "plain text: é, ü, 日本, →"
+
+
+class _Writes:
+    """A stream that keeps each ``write`` call apart."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.calls.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_an_event_line_is_one_write_with_its_newline(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The workers' lines share the stream: a newline written apart (``print`` under
+    # PYTHONUNBUFFERED) let a worker's line land in the middle of an event line.
+    stream = _Writes()
+    monkeypatch.setattr("sys.stderr", stream)
+    record = from_fields(WORKER_FAILED)
+    assert record is not None
+    events._plain_event(record)
+    assert len(stream.calls) == 1 and stream.calls[0].endswith("\n"), stream.calls
+    assert stream.calls[0].startswith("nvtrain: ") and stream.calls[0].count("\n") == 1

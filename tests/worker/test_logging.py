@@ -69,6 +69,26 @@ def test_a_worker_process_writes_the_plain_line_to_stderr() -> None:
     assert result.stdout == ""
 
 
+def test_a_line_is_one_write_with_its_newline(
+    kept: _Kept, say: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The other ranks' lines share stderr: a newline written apart (``print`` under
+    # PYTHONUNBUFFERED) let another rank's line land in the middle of this one.
+    calls: list[str] = []
+
+    class Writes:
+        def write(self, text: str) -> int:
+            calls.append(text)
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr("sys.stderr", Writes())
+    say("host copy of step 7 not kept")
+    assert calls == ["nvtrain worker rank 5: host copy of step 7 not kept\n"]
+
+
 def test_a_handler_on_the_logger_takes_the_lines_instead(
     kept: _Kept, capfd: pytest.CaptureFixture[str], say: Callable[..., None]
 ) -> None:

@@ -42,7 +42,9 @@ class _Fallback(logging.Handler):
         if prefix is None:
             prefix = f"nvtrain worker rank {getattr(record, 'rank', '0')}: "
         with contextlib.suppress(OSError, ValueError):
-            print(f"{prefix}{record.getMessage()}", file=sys.stderr, flush=True)
+            # (one write, newline included: the other ranks' lines share the stream)
+            sys.stderr.write(f"{prefix}{record.getMessage()}\n")
+            sys.stderr.flush()
 
     def _others(self, name: str) -> bool:
         """Whether a handler other than this one is on the record's way from ``name`` up to

@@ -81,7 +81,10 @@ def _plain_event(record: Event) -> None:
         ):
             text = json.dumps(text)
         parts.append(f"{key}={text}")
-    print(f"nvtrain: {time.strftime('%H:%M:%S')} " + " ".join(parts), file=sys.stderr, flush=True)
+    # One write for the line and its newline: the workers' output shares the stream, and a
+    # ``print`` under ``PYTHONUNBUFFERED`` writes the newline apart, where a worker's line can land.
+    sys.stderr.write(f"nvtrain: {time.strftime('%H:%M:%S')} " + " ".join(parts) + "\n")
+    sys.stderr.flush()
 
 
 _EVENT_STYLE = {
