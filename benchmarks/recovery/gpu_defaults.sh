@@ -60,8 +60,8 @@ for part in "$@"; do
       done ;;
     tolerance)
       for fw in hf lightning accelerate; do
-        timeout 190 python3 benchmarks/integrations/tolerance.py --frameworks $fw --nproc 1 --steps 40 \
-          --save-every 10 --faults exception:12,sigkill:22,hang:32 --soft-timeout 5 --timeout 60 \
+        timeout 330 python3 benchmarks/integrations/tolerance.py --frameworks $fw --nproc 1 --steps 40 \
+          --save-every 10 --faults exception:12,sigkill:22,hang:32 --soft-timeout 5 --timeout 100 \
           --json "$OUT/tolerance-$fw.json" > "$OUT/tolerance-$fw.log" 2>&1
         echo "tolerance $fw exit $?"; tail -2 "$OUT/tolerance-$fw.log"
       done ;;
