@@ -148,7 +148,7 @@ def call(main: Callable[[], object]) -> Exit:
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
             return Exit(int(exc.code or 0) & 0xFF)
-        print(exc.code, file=sys.stderr)
+        sys.stderr.write(f"{exc.code}\n")
         return Exit(1)
     except BaseException as exc:  # noqa: BLE001 - as the interpreter does: print it
         exc = exc.with_traceback(_own_frames(exc.__traceback__))

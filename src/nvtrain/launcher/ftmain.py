@@ -190,7 +190,7 @@ def _with_script_args(parse: Callable[..., Any], script_args: list[str]) -> Call
             # argparse's usage is ft_launcher's, not the user's: only its error line is shown.
             errors = [line.partition(": error: ")[2] for line in text.splitlines() if ": error: " in line]
             why = errors[-1] if errors else text.strip() or f"exit code {exc.code}"
-            print(f"{USAGE_ERROR} ft_launcher refused its command line: {why}", file=sys.stderr, flush=True)
+            sys.stderr.write(f"{USAGE_ERROR} ft_launcher refused its command line: {why}\n")
             raise SystemExit(2) from None
         sys.stderr.write(said.getvalue())
         if script_args:
@@ -310,11 +310,7 @@ def _log(message: str) -> None:
     files it with the launcher's records: in ``launcher-node<N>.log``, on the terminal with -v."""
     now = datetime.datetime.now()
     stamp = now.strftime("%Y-%m-%d %H:%M:%S,") + f"{now.microsecond // 1000:03d}"
-    print(
-        f"[{stamp}] [INFO] [ft_launcher{os.getpid()}@{socket.gethostname()}] {message}",
-        file=sys.stderr,
-        flush=True,
-    )
+    sys.stderr.write(f"[{stamp}] [INFO] [ft_launcher{os.getpid()}@{socket.gethostname()}] {message}\n")
 
 
 TUNING_ENV = "NVTRAIN_FT_TUNING"

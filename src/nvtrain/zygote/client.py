@@ -265,13 +265,12 @@ def _without_server(pid: int, own: dict[str, Any] | None) -> NoReturn:
     """The worker ended and the server will not say how: end as the worker said it would, or,
     when it said nothing (killed outright), with exit code 1."""
     if own is None:
-        print(
-            f"nvtrain warm start: the server is gone and worker {pid} ended without a word: killed; exit 1",
-            file=sys.stderr,
+        sys.stderr.write(
+            f"nvtrain warm start: the server is gone and worker {pid} ended without a word: killed; exit 1\n"
         )
         os._exit(1)
     how = f"signal {own['signal']}" if "signal" in own else f"exit code {own.get('exit')}"
-    print(f"nvtrain warm start: the server is gone; worker {pid} ended with {how}", file=sys.stderr)
+    sys.stderr.write(f"nvtrain warm start: the server is gone; worker {pid} ended with {how}\n")
     _die_like(own)
 
 

@@ -202,7 +202,7 @@ def _child(request: dict[str, Any], fds: list[int], keep: int, closing: list[int
         end = run(Target(request.get("script"), request.get("module"), list(request["argv"])), own_path=False)
     except Exception as exc:  # noqa: BLE001 - the setup failed: the worker ends as a failed start
         with contextlib.suppress(Exception):
-            print(f"nvtrain warm start: the worker could not start: {exc!r}", file=sys.stderr)
+            sys.stderr.write(f"nvtrain warm start: the worker could not start: {exc!r}\n")
     finally:
         if os.getpid() == me:  # not in a process the script forked that returned here
             _tell(keep, kept, end)
@@ -333,7 +333,7 @@ class Server:
                     else:
                         self._client_event(conn)
                 except Exception as exc:  # noqa: BLE001 - one connection's trouble ends that connection
-                    print(f"nvtrain warm start: dropped a connection ({kind}): {exc!r}", file=sys.stderr)
+                    sys.stderr.write(f"nvtrain warm start: dropped a connection ({kind}): {exc!r}\n")
                     if conn is not None:
                         self._drop(conn, reaped=kind == "worker")
             self._expire()
@@ -366,7 +366,7 @@ class Server:
             return
         except OSError as exc:  # no descriptor left (EMFILE, ENFILE, ENOBUFS): try again soon
             if not self.accept_failed:
-                print(f"nvtrain warm start: cannot accept now, retrying: {exc}", file=sys.stderr)
+                sys.stderr.write(f"nvtrain warm start: cannot accept now, retrying: {exc}\n")
             self.accept_failed = True
             self.paused_until = time.monotonic() + ACCEPT_PAUSE
             self._listen()
@@ -382,9 +382,8 @@ class Server:
             sock.close()
             if uid not in self.refused_uids:  # one line per user, however often it tries
                 self.refused_uids.add(uid)
-                print(
-                    f"nvtrain warm start: refused the connections of uid {uid} (not this server's)",
-                    file=sys.stderr,
+                sys.stderr.write(
+                    f"nvtrain warm start: refused the connections of uid {uid} (not this server's)\n"
                 )
             return
         conn = Conn(sock, Reader(sock), time.monotonic() + REQUEST_TIMEOUT)
@@ -553,9 +552,8 @@ def main(argv: list[str] | None = None) -> None:
     problem = check_private_dir(folder)
     if problem is not None:
         # Another user could replace the socket there (and take the clients' requests): no socket.
-        print(
-            f"nvtrain warm start: off, workers start cold: the socket's folder {folder} {problem}",
-            file=sys.stderr,
+        sys.stderr.write(
+            f"nvtrain warm start: off, workers start cold: the socket's folder {folder} {problem}\n"
         )
         signal.pause()
         return
@@ -564,19 +562,17 @@ def main(argv: list[str] | None = None) -> None:
     try:
         listener = listen(args.socket)
     except OSError as exc:
-        print(
+        sys.stderr.write(
             f"nvtrain warm start: off, workers start cold: cannot listen on {args.socket}: "
-            f"{exc.strerror or exc} ([job] warm_start = false skips the server)",
-            file=sys.stderr,
+            f"{exc.strerror or exc} ([job] warm_start = false skips the server)\n"
         )
         signal.pause()
         return
     try:
         failed = preload(args.script, args.module, plain=args.plain)
         if failed:
-            print(
-                f"nvtrain warm start: not preloaded (the workers import them): {', '.join(failed)}",
-                file=sys.stderr,
+            sys.stderr.write(
+                f"nvtrain warm start: not preloaded (the workers import them): {', '.join(failed)}\n"
             )
         unsafe = fork_safe()
         if unsafe is not None:
@@ -584,10 +580,9 @@ def main(argv: list[str] | None = None) -> None:
             listener.close()
             with contextlib.suppress(OSError):
                 os.unlink(args.socket)
-            print(
+            sys.stderr.write(
                 f"nvtrain warm start: off, workers start cold: {unsafe} "
-                "([job] warm_start = false skips the server)",
-                file=sys.stderr,
+                "([job] warm_start = false skips the server)\n"
             )
             signal.pause()
             return

@@ -28,7 +28,7 @@ def print_findings(source: str, findings: Sequence[Finding]) -> None:
     """Every finding, errors and warnings first in file order, each with its fix."""
     plain = not sys.stderr.isatty()
     if plain:
-        print(f"nvtrain: {visible(summary_line(source, findings))}", file=sys.stderr)
+        sys.stderr.write(f"nvtrain: {visible(summary_line(source, findings))}\n")
     else:
         err.print(f"nvtrain: {escape(summary_line(source, findings))}")
     for f in findings:
@@ -37,10 +37,9 @@ def print_findings(source: str, findings: Sequence[Finding]) -> None:
             place += f":{f.line}" + (f":{f.column}" if f.column else "")
         value = f" = {f.value}" if f.value is not None else ""
         if plain:
-            print(
+            sys.stderr.write(
                 f"  {visible(place)}: {f.severity} {visible(f.where)}{visible(value)}\n"
-                f"      {visible(f.rule)}\n      fix: {visible(f.fix)}",
-                file=sys.stderr,
+                f"      {visible(f.rule)}\n      fix: {visible(f.fix)}\n"
             )
             continue
         err.print(

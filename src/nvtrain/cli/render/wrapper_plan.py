@@ -22,4 +22,4 @@ def print_wrapper_plan(plan: WrapperPlan | None, nvrx: str) -> None:
     else:
         lines = [f"{TITLE}, with {nvrx}:"]
         lines += [f"  {name} = {value}" for name, value in plan.rows()]
-    print("\n".join(lines), file=sys.stderr, flush=True)
+    sys.stderr.write("\n".join(lines) + "\n")
