@@ -1,7 +1,8 @@
 """What the per-framework tests share: one training script of ``bin/`` run twice under
 ``nvtrain run`` (2 gloo ranks), without faults and with an exception (in process), a SIGKILL
-(in-job restart, warm, restored from the host copy) and a hang (soft timeout, in process);
-then the checks that the recovered run is the fault-free run.
+(in-job restart, warm, restored from the host copy) and a hang (soft timeout, in process), that
+run then spending longer than the soft timeout after training; then the checks that the
+recovered run is the fault-free run, and that the stretch after training was no fault.
 
 Each script prints ``TRAIN step N loss X`` (rank 0, every step) and ``TRAIN rank R finished
 fingerprint H`` (a hash of that rank's model, optimizer, scheduler and RNG states).
@@ -30,35 +31,53 @@ FAULTS = [
     {"step": 14, "rank": 0, "kind": "sigkill"},  # ft_launcher restarts both, warm, host copy of 12
     {"step": 19, "rank": 1, "kind": "hang"},  # soft timeout: in-process restart, back to 16
 ]
+ONE_RANK_FAULTS = [
+    {"step": 7, "rank": 0, "kind": "exception"},  # in-process restart, back to step 4 (mid-epoch)
+    {"step": 14, "rank": 0, "kind": "sigkill"},  # a warm replacement, host copy of 12 (mid-epoch)
+]
+"""One rank: a single device's strategy and a plain ``RandomSampler``, whose order comes from
+the process's RNG when the epoch's iterator is made (DDP's sampler is seeded by the epoch)."""
 IN_PROCESS = ("exception", "hang")
+LINGER = 7.0
+"""Seconds of Python code the faulty run's script spends after training (``--linger``), longer
+than the 5 s soft timeout: no step comes, and that must not be taken for a hang (it once was,
+and ``main`` ran once more after a Lightning run on a GPU had finished)."""
 RUN_TIMEOUT = 150.0
 
 
-def tables(script: str, checkpoints: Path, out: Path) -> dict[str, dict[str, Any]]:
+def tables(
+    script: str, checkpoints: Path, out: Path, ranks: int = 2, linger: float = 0.0
+) -> dict[str, dict[str, Any]]:
     """The policy of both runs: short timeouts that hold on a loaded 2-core machine (as the
     demo's fault-matrix runs), workers forked warm (the SIGKILL's replacements restore from the
     host copy)."""
     # The demo's fault-matrix timeouts (worker_helpers.demo_tables), with the framework script
     # as the job, warm workers and a smaller in-job budget.
-    t = demo_tables(checkpoints, name="integration", ranks=2, steps=STEPS)
+    t = demo_tables(checkpoints, name="integration", ranks=ranks, steps=STEPS)
     del t["job"]["module"]
-    t["job"] |= {"script": str(BIN / script), "args": ["--steps", str(STEPS), "--out", str(out)]}
+    args = ["--steps", str(STEPS), "--out", str(out), "--linger", str(linger)]
+    t["job"] |= {"script": str(BIN / script), "args": args}
     t["job"]["warm_start"] = True
     t["restart.in_job"] = {"max_restarts": 3}
     t["checkpoint"]["interval"] = INTERVAL
     return t
 
 
-def run_pair(tmp_path_factory: pytest.TempPathFactory, script: str) -> dict[str, RunResult]:
+def run_pair(
+    tmp_path_factory: pytest.TempPathFactory,
+    script: str,
+    *,
+    ranks: int = 2,
+    faults: list[dict[str, Any]] = FAULTS,
+) -> dict[str, RunResult]:
     """The fault-free run, then the faulty one (one after the other: two at once would trip the
-    short timeouts on 2 cores)."""
-    root = tmp_path_factory.mktemp(Path(script).stem)
+    short timeouts on 2 cores), which lingers after training (``LINGER``)."""
+    root = tmp_path_factory.mktemp(f"{Path(script).stem}-{ranks}")
     checkpoints = root / "ckpt"
     results = {}
-    for name, faults in (("clean", []), ("faulty", FAULTS)):
-        policy = write_policy(
-            root / f"{name}.toml", tables(script, checkpoints, root / f"out-{name}"), faults
-        )
+    for name, chosen, linger in (("clean", [], 0.0), ("faulty", faults, LINGER)):
+        t = tables(script, checkpoints, root / f"out-{name}", ranks, linger)
+        policy = write_policy(root / f"{name}.toml", t, chosen)
         results[name] = run_nvtrain(policy, name, checkpoints, root, RUN_TIMEOUT)
     return results
 
@@ -82,14 +101,14 @@ def losses(run: RunResult) -> dict[int, list[str]]:
     return found
 
 
-def check_same_state(runs: dict[str, RunResult]) -> None:
+def check_same_state(runs: dict[str, RunResult], ranks: int = 2) -> None:
     """Bitwise the same model, optimizer, scheduler and RNG states on every rank."""
     clean, faulty = ok(runs["clean"]), ok(runs["faulty"])
-    assert sorted(fingerprints(clean)) == [0, 1], clean.describe()
+    assert sorted(fingerprints(clean)) == list(range(ranks)), clean.describe()
     assert fingerprints(faulty) == fingerprints(clean), faulty.describe()
 
 
-def check_same_losses(runs: dict[str, RunResult]) -> None:
+def check_same_losses(runs: dict[str, RunResult], faults: list[dict[str, Any]] = FAULTS) -> None:
     """The same loss at every step, replayed steps included (the data position came back)."""
     clean, faulty = ok(runs["clean"]), ok(runs["faulty"])
     reference = losses(clean)
@@ -104,7 +123,7 @@ def check_same_losses(runs: dict[str, RunResult]) -> None:
     replayed = {step for step, values in printed.items() if len(values) > 1}
     events = faulty.events
     rolled_back = {s for f in _fired(events) for s in range(_restored_after(events, f) + 1, f["step"])}
-    assert rolled_back <= replayed <= rolled_back | {f["step"] for f in FAULTS}, sorted(replayed)
+    assert rolled_back <= replayed <= rolled_back | {f["step"] for f in faults}, sorted(replayed)
 
 
 def _back_to(step: int) -> int:
@@ -117,10 +136,11 @@ def _fired(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _restored_after(events: list[dict[str, Any]], fault: dict[str, Any]) -> int:
-    """The step the ranks restored after ``fault`` (the same on both, checked)."""
-    restored = [e for e in events if e["event"] == "checkpoint_restored" and e["ts"] > fault["ts"]][:2]
+    """The step the ranks restored after ``fault`` (the same on every rank, checked)."""
+    ranks = len({e["rank"] for e in events if e["event"] == "worker_start"})
+    restored = [e for e in events if e["event"] == "checkpoint_restored" and e["ts"] > fault["ts"]][:ranks]
     steps = {e["step"] for e in restored}
-    assert len(restored) == 2 and len(steps) == 1, (fault, _summary(events))
+    assert ranks and len(restored) == ranks and len(steps) == 1, (fault, _summary(events))
     return int(steps.pop())
 
 
@@ -161,6 +181,15 @@ def check_layers(runs: dict[str, RunResult]) -> None:
         # ([checkpoint] finish_in_flight), which a loaded machine may overrun.
         newest = _back_to(fault["step"])
         assert _restored_after(events, fault) in (newest, newest - INTERVAL), (fault, restored)
+
+
+def check_one_incident_per_fault(runs: dict[str, RunResult], faults: list[dict[str, Any]]) -> None:
+    """``nvtrain report`` finds one recovered incident per fault, and none after training."""
+    from nvtrain.report import read_report
+
+    report = read_report(ok(runs["faulty"]).run_dir)
+    incidents = report.incidents
+    assert len(incidents) == len(faults) and all(i.recovered for i in incidents), incidents
 
 
 def check_events_feed_the_report(runs: dict[str, RunResult]) -> None:

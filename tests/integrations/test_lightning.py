@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pytest
 from framework_runs import (
+    ONE_RANK_FAULTS,
     check_events_feed_the_report,
     check_layers,
+    check_one_incident_per_fault,
     check_same_losses,
     check_same_state,
     run_pair,
@@ -24,8 +26,23 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
     return run_pair(tmp_path_factory, "lightning_train.py")
 
 
+@pytest.fixture(scope="module")
+def one_rank_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
+    return run_pair(tmp_path_factory, "lightning_train.py", ranks=1, faults=ONE_RANK_FAULTS)
+
+
 def test_recovered_run_ends_bitwise_like_the_clean_run(runs: dict[str, RunResult]) -> None:
     check_same_state(runs)
+
+
+def test_one_rank_resumes_mid_epoch_in_the_epochs_own_order(one_rank_runs: dict[str, RunResult]) -> None:
+    """One device: Lightning's single-device strategy keeps the loader's ``RandomSampler``, which
+    draws the epoch's order from the process's RNG when the epoch starts. A resume mid-epoch must
+    make that order again before it skips the batches trained (it once made a new one from the
+    checkpoint step's RNG: other batches, another model)."""
+    check_same_state(one_rank_runs, ranks=1)
+    check_same_losses(one_rank_runs, faults=ONE_RANK_FAULTS)
+    check_one_incident_per_fault(one_rank_runs, ONE_RANK_FAULTS)
 
 
 def test_same_loss_at_every_step(runs: dict[str, RunResult]) -> None:

@@ -1,5 +1,6 @@
-"""A slow save and an evaluation in ``ctx.section()``, each longer than the in-process soft
-timeout, are not taken for hangs: no restart of any layer, the save is committed."""
+"""A slow save, an evaluation in ``ctx.section()`` and a final evaluation after
+``ctx.training_done()``, each longer than the in-process soft timeout, are not taken for hangs:
+no restart of any layer, the save is committed."""
 
 from __future__ import annotations
 

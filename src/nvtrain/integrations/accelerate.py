@@ -128,34 +128,41 @@ class Loop:
         """A stretch that is not a training step (evaluation, a save of your own)."""
         return self.hooks.section(limit)
 
+    def _begin_epoch(self, resumed: bool) -> tuple[Iterator[Any], Any]:
+        """This epoch's iterator and its first batch (``_END`` for none): resumed mid-epoch, the
+        order the epoch had, the batches trained skipped, then the checkpoint's RNG states."""
+        set_epoch = getattr(self.loader, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(self.epoch)
+        skip = self.batch if resumed else 0
+        if skip and self._epoch_start is not None:
+            replay_epoch_start(self.loader, self._epoch_start)  # this epoch's order again
+        else:
+            if resumed:  # a new epoch after a save at the end of the last one
+                self.hooks.reapply_rng()
+                for generator, state in zip(
+                    generators(self.loader), self._generators_after or [], strict=False
+                ):
+                    generator.set_state(state)
+            self._epoch_start = epoch_start(self.loader)
+        batches = self.loader
+        if skip:
+            batches = self.accelerator.skip_first_batches(self.loader, skip)
+            if callable(getattr(batches, "set_epoch", None)):
+                batches.set_epoch(self.epoch)  # a new loader: its own epoch count starts at 0
+        iterator = iter(batches)
+        with self.hooks.section():  # the first batch: workers starting, batches skipped
+            batch = next(iterator, _END)
+        if skip:
+            self.hooks.reapply_rng()  # the checkpoint's step, as the fault-free run had it
+        return iterator, batch
+
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         resumed = self.start_step > 0
         while self.step < self.max_steps:
-            set_epoch = getattr(self.loader, "set_epoch", None)
-            if callable(set_epoch):
-                set_epoch(self.epoch)
-            skip = self.batch if resumed else 0
-            if skip and self._epoch_start is not None:
-                replay_epoch_start(self.loader, self._epoch_start)  # this epoch's order again
-            else:
-                if resumed:  # a new epoch after a save at the end of the last one
-                    self.hooks.reapply_rng()
-                    for generator, state in zip(
-                        generators(self.loader), self._generators_after or [], strict=False
-                    ):
-                        generator.set_state(state)
-                self._epoch_start = epoch_start(self.loader)
-            batches = self.loader
-            if skip:
-                batches = self.accelerator.skip_first_batches(self.loader, skip)
-                if callable(getattr(batches, "set_epoch", None)):
-                    batches.set_epoch(self.epoch)  # a new loader: its own epoch count starts at 0
-            iterator = iter(batches)
-            with self.hooks.section():  # the first batch: workers starting, batches skipped
-                batch = next(iterator, _END)
-            if skip:
-                self.hooks.reapply_rng()  # the checkpoint's step, as the fault-free run had it
+            iterator, batch = self._begin_epoch(resumed)
             resumed = False
+            finished = False
             while batch is not _END:
                 yield self.step + 1, batch
                 self.batch += 1
@@ -163,6 +170,10 @@ class Loop:
                     self.step += 1
                     self.hooks.step_done(self.step)
                     if self.step >= self.max_steps:
-                        return
+                        finished = True
+                        break
                 batch = next(iterator, _END)
+            if finished:
+                break
             self.epoch, self.batch = self.epoch + 1, 0
+        self.hooks.training_done()  # the rest of main (an evaluation, a save) is not a hang

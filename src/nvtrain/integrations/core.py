@@ -210,6 +210,10 @@ class Hooks:
     def section(self, limit: float | None = None) -> contextlib.AbstractContextManager[None]:
         return self.ctx.section(limit)
 
+    def training_done(self) -> None:
+        """The framework's training returned: the rest of ``main`` is not taken for a hang."""
+        self.ctx.training_done()
+
     def in_section(self, function: Callable[..., T]) -> Callable[..., T]:
         """``function`` run inside a section every time it is called."""
 

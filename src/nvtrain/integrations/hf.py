@@ -156,7 +156,9 @@ def train(ctx: nw.Context, trainer: Any, *, keep_framework_saves: bool = False, 
             _loaders_replaced(trainer, hooks),
         ):
             resume = _resume_folder(ctx, trainer, Path(folder))
-            return trainer.train(resume_from_checkpoint=resume, **kwargs)
+            output = trainer.train(resume_from_checkpoint=resume, **kwargs)
+        hooks.training_done()
+        return output
     finally:
         trainer.remove_callback(callback)
 

@@ -231,8 +231,11 @@ class Callback(_LightningCallback):  # type: ignore[misc]
         state = fit_loop.state_dict()
         combined = getattr(fit_loop, "_combined_loader", None)
         batches, of = self.position
+        # A resumable loader's own state holds what decided its epoch's order (a sampler that
+        # draws its seed from the process's RNG, as a single device's RandomSampler does); the
+        # position is the callback's.
         states = [
-            {"batches": batches, "of": of}
+            loader.state_dict() | {"batches": batches, "of": of}
             if getattr(loader, "_nvtrain_resumable", False)
             else loader.state_dict()
             for loader in (_flattened(combined.flattened) if combined is not None else [])
@@ -306,6 +309,7 @@ def fit(
             stack.enter_context(hooks.sections(trainer, ("save_checkpoint",)))
             stack.enter_context(hooks.sections(trainer.fit_loop, ("setup_data",)))
             trainer.fit(model, train_dataloaders, val_dataloaders, datamodule, **kwargs)
+        hooks.training_done()  # (Lightning's teardown may have moved the model to the CPU)
     finally:
         callback.close()
         trainer.callbacks = saved_callbacks

@@ -102,6 +102,8 @@ class Context:
         """A checkpoint was saved in this attempt."""
         self._timeouts_pending = heartbeat.enabled and policy.heartbeat.timeout is None
         """NVRx is still to compute the heartbeat timeouts in this attempt."""
+        self._after_training: contextlib.ExitStack | None = None
+        """The section from ``training_done`` to the attempt's end (None: not in one)."""
 
     def checkpointer(
         self,
@@ -170,6 +172,7 @@ class Context:
     def step_done(self, step: int, **metrics: float) -> None:
         """Call after every optimizer step: heartbeat, progress, checkpoint when due, faults."""
         now = time.monotonic()
+        self.end_section_after_training()  # (training went on after all)
         self.heartbeat.step()
         self._steps += 1
         if self._timeouts_pending and self._steps >= TIMEOUTS_AFTER_STEPS:
@@ -238,6 +241,25 @@ class Context:
                 self._checkpointer.close()
         else:
             self._checkpointer.close()
+
+    def training_done(self) -> None:
+        """The training loop has ended; what ``main`` does after it (an evaluation, an export, a
+        framework's own end of training, which may move the model off the GPU) is not a hang.
+        Logs the last step and runs the rest of the attempt in a section (``section``, for up to
+        its limit): steps no longer coming are not taken for a hang, which would run ``main``
+        once more. The integrations call it when the framework's training returns; a script of
+        its own calls it after its loop. The next ``step_done`` or the attempt's end closes it."""
+        self.log_last_step()
+        if self._after_training is None:
+            stack = contextlib.ExitStack()
+            stack.enter_context(self.section())
+            self._after_training = stack
+
+    def end_section_after_training(self) -> None:
+        """Close the section ``training_done`` opened (a no-op when none is open)."""
+        stack, self._after_training = self._after_training, None
+        if stack is not None:
+            stack.close()
 
     def log_last_step(self) -> None:
         """At the end of an attempt (a fault, or the end of training): log the last completed

@@ -125,6 +125,8 @@ def _attempt(
         ctx.finish()
         return result
     except BaseException:
+        with contextlib.suppress(Exception):  # a fault after training_done(): no section any more
+            ctx.end_section_after_training()
         # Nothing here may replace the fault on its way to NVRx (an unwritable events log, say).
         with contextlib.suppress(Exception):
             ctx.log_last_step()
@@ -146,6 +148,7 @@ def _attempt(
             ctx.abort()
         raise
     finally:
+        ctx.end_section_after_training()
         _Current.context = None
         _Current.links = None
         if dist.is_initialized():

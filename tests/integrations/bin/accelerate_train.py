@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from common import fingerprint, say, tokens
+from common import fingerprint, linger, say, tokens
 
 import nvtrain.integrations.accelerate as nvacc
 
@@ -50,11 +50,13 @@ def main(ctx: Any, options: argparse.Namespace) -> None:
     inner = accelerator.unwrap_model(model)
     digest = fingerprint(inner, optimizer, scheduler)
     say(f"TRAIN rank {accelerator.process_index} finished fingerprint {digest}")
+    linger(options.linger)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--linger", type=float, default=0.0, help="seconds of Python code after training")
     options = parser.parse_args()
     nvacc.run(lambda ctx: main(ctx, options))

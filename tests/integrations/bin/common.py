@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import random
 import sys
+import time
 from typing import Any
 
 import torch
@@ -15,6 +16,14 @@ def say(line: str) -> None:
     """One line on stdout in one write (the ranks share the launcher's pipe)."""
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
+
+
+def linger(seconds: float) -> None:
+    """After training: ``seconds`` of Python code and no step, as an evaluation or an export
+    would be (longer than the tests' 5 s soft timeout: no step is coming, and that is no hang)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.05)
 
 
 def tokens(index: int, vocab: int = 96, length: int = 16) -> torch.Tensor:

@@ -12,7 +12,7 @@ import argparse
 from typing import Any
 
 import torch
-from common import fingerprint, say, tokens
+from common import fingerprint, linger, say, tokens
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 import nvtrain.integrations.hf as nvhf
@@ -59,11 +59,13 @@ def main(ctx: Any, options: argparse.Namespace) -> None:
     nvhf.train(ctx, trainer)
     digest = fingerprint(trainer.model, trainer.optimizer, trainer.lr_scheduler)
     say(f"TRAIN rank {args.process_index} finished fingerprint {digest}")
+    linger(options.linger)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--linger", type=float, default=0.0, help="seconds of Python code after training")
     options = parser.parse_args()
     nvhf.run(lambda ctx: main(ctx, options))

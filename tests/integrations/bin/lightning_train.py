@@ -14,7 +14,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from common import fingerprint, say, tokens
+from common import fingerprint, linger, say, tokens
 
 import nvtrain.integrations.lightning as nvpl
 
@@ -66,11 +66,13 @@ def main(ctx: Any, options: argparse.Namespace) -> None:
     scheduler = trainer.lr_scheduler_configs[0].scheduler
     digest = fingerprint(model, trainer.optimizers[0], scheduler)
     say(f"TRAIN rank {trainer.global_rank} finished fingerprint {digest}")
+    linger(options.linger)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--linger", type=float, default=0.0, help="seconds of Python code after training")
     options = parser.parse_args()
     nvpl.run(lambda ctx: main(ctx, options))

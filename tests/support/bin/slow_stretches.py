@@ -1,6 +1,7 @@
-"""A one-rank training script with two long stretches of Python code that are not hangs: a
-save whose extra state takes SLOW seconds to collect (step 5) and an evaluation of SLOW seconds
-in ``ctx.section()`` (step 8). Run under ``nvtrain run`` with a soft timeout shorter than SLOW.
+"""A one-rank training script with three long stretches of Python code that are not hangs: a
+save whose extra state takes SLOW seconds to collect (step 5), an evaluation of SLOW seconds
+in ``ctx.section()`` (step 8) and a final one after ``ctx.training_done()`` (no step comes any
+more). Run under ``nvtrain run`` with a soft timeout shorter than SLOW.
 
     python slow_stretches.py SLOW
 """
@@ -56,6 +57,8 @@ def main(ctx: nw.Context) -> None:
             with ctx.section():
                 busy(SLOW)  # an evaluation
         ctx.step_done(step)
+    ctx.training_done()
+    busy(SLOW)  # a final evaluation
     print("SLOW STRETCHES DONE", flush=True)
 
 

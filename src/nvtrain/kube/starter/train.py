@@ -67,6 +67,7 @@ def main(ctx: nw.Context, args: argparse.Namespace) -> None:
         if ctx.rank == 0 and step % args.log_every == 0:
             print(f"TRAIN step {step}/{steps} loss {loss.item():.5f}", flush=True)
         ctx.step_done(step, loss=loss.item())
+    ctx.training_done()  # what follows makes no steps: it is not taken for a hang
     if dist.is_initialized():
         dist.barrier()
     if ctx.rank == 0:
