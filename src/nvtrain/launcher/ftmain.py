@@ -191,6 +191,7 @@ def _with_script_args(parse: Callable[..., Any], script_args: list[str]) -> Call
             errors = [line.partition(": error: ")[2] for line in text.splitlines() if ": error: " in line]
             why = errors[-1] if errors else text.strip() or f"exit code {exc.code}"
             sys.stderr.write(f"{USAGE_ERROR} ft_launcher refused its command line: {why}\n")
+            sys.stderr.flush()
             raise SystemExit(2) from None
         sys.stderr.write(said.getvalue())
         if script_args:
@@ -311,6 +312,7 @@ def _log(message: str) -> None:
     now = datetime.datetime.now()
     stamp = now.strftime("%Y-%m-%d %H:%M:%S,") + f"{now.microsecond // 1000:03d}"
     sys.stderr.write(f"[{stamp}] [INFO] [ft_launcher{os.getpid()}@{socket.gethostname()}] {message}\n")
+    sys.stderr.flush()
 
 
 TUNING_ENV = "NVTRAIN_FT_TUNING"

@@ -148,7 +148,8 @@ def _attempt(
             ctx.abort()
         raise
     finally:
-        ctx.end_section_after_training()
+        with contextlib.suppress(Exception):  # its last heartbeat may fail: the training is over
+            ctx.end_section_after_training()
         _Current.context = None
         _Current.links = None
         if dist.is_initialized():

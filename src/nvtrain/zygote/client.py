@@ -268,6 +268,7 @@ def _without_server(pid: int, own: dict[str, Any] | None) -> NoReturn:
         sys.stderr.write(
             f"nvtrain warm start: the server is gone and worker {pid} ended without a word: killed; exit 1\n"
         )
+        sys.stderr.flush()  # (os._exit flushes nothing)
         os._exit(1)
     how = f"signal {own['signal']}" if "signal" in own else f"exit code {own.get('exit')}"
     sys.stderr.write(f"nvtrain warm start: the server is gone; worker {pid} ended with {how}\n")

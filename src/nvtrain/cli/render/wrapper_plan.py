@@ -23,3 +23,4 @@ def print_wrapper_plan(plan: WrapperPlan | None, nvrx: str) -> None:
         lines = [f"{TITLE}, with {nvrx}:"]
         lines += [f"  {name} = {value}" for name, value in plan.rows()]
     sys.stderr.write("\n".join(lines) + "\n")
+    sys.stderr.flush()
