@@ -12,9 +12,10 @@ With ``--final PATH`` rank 0 ends by writing the model's floating-point state, f
 float32 in ``state_dict`` order, as raw bytes to PATH (``numpy.fromfile`` reads it back: nothing
 pickled), and printing ``BENCH FINAL <loss>``: the loss of the final model on a fixed batch. Two
 runs' files compared say how far a recovered run ends from a fault-free one
-(``compare.py --tolerance``). ``--deterministic`` asks torch for deterministic kernels
-(``torch.use_deterministic_algorithms``, warnings only; ``CUBLAS_WORKSPACE_CONFIG`` must be set
-before the process starts).
+(``compare.py --tolerance``). ``--deterministic`` makes torch use deterministic kernels
+(``torch.use_deterministic_algorithms(True)``: an op without one raises; with warnings only,
+cuDNN attention's backward stayed nondeterministic on an H100) and ``CUBLAS_WORKSPACE_CONFIG``
+must be set before the process starts.
 
 Faults in ``--mode plain`` come from ``BENCH_FAULTS`` (``kind:step,...``; kinds ``exception``,
 ``sigkill``, ``hang``), fired on rank 0 once each (marker files in ``BENCH_FAULT_DIR``), each
@@ -277,10 +278,12 @@ def main() -> None:
     parser.add_argument(
         "--final", type=Path, help="rank 0 writes the final state here (raw float32; in a folder that exists)"
     )
-    parser.add_argument("--deterministic", action="store_true", help="deterministic kernels (warn only)")
+    parser.add_argument(
+        "--deterministic", action="store_true", help="deterministic kernels (an op without one raises)"
+    )
     args = parser.parse_args()
     if args.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.use_deterministic_algorithms(True)
     train = FRAMEWORKS[args.framework]
     if args.mode == "plain":
         train(None, args)

@@ -11,8 +11,8 @@ absolute difference of a value, the relative L2 distance, and the difference of 
 
 On CPU (gloo) every pair should be equal bit for bit (the integration tests assert it for small
 models); on GPUs, nondeterministic kernels make even two fault-free runs differ, and the question
-is whether a recovered run stays within that spread. ``--deterministic`` asks torch for
-deterministic kernels (warnings only where it has none) with ``CUBLAS_WORKSPACE_CONFIG=:4096:8``.
+is whether a recovered run stays within that spread. ``--deterministic`` makes torch use
+deterministic kernels (an op without one raises) with ``CUBLAS_WORKSPACE_CONFIG=:4096:8``.
 
     python benchmarks/integrations/tolerance.py --frameworks hf,lightning,accelerate --nproc 1 \\
         --steps 40 --save-every 10 --faults exception:12,sigkill:22,hang:32 --soft-timeout 5 \\

@@ -10,6 +10,7 @@
 #   bash benchmarks/recovery/gpu_defaults.sh restore    # hostcopy_restore.py into GPU memory, 4 GB
 #   bash benchmarks/recovery/gpu_defaults.sh integrations  # issue 38: HF, Lightning, accelerate vs torchrun
 #   bash benchmarks/recovery/gpu_defaults.sh tolerance  # issue 38: a faulted run's final state vs fault-free ones
+#   bash benchmarks/recovery/gpu_defaults.sh tolerance-deterministic  # the same with deterministic kernels
 # (integrations, tolerance: the image's transformers, lightning and accelerate; keep newer wheels
 # off PYTHONPATH, benchmarks/integrations/README.md says why)
 . "$(dirname "$0")/../gpu_env.sh"
@@ -58,12 +59,13 @@ for part in "$@"; do
           --keep "$OUT/integ-runs" --json "$OUT/integ-$fw.json" > "$OUT/integ-$fw.log" 2>&1
         echo "integrations $fw exit $?"; grep -A3 "^$fw " "$OUT/integ-$fw.log" | cut -c1-240
       done ;;
-    tolerance)
+    tolerance|tolerance-deterministic)
+      extra=(); [ "$part" = tolerance-deterministic ] && extra=(--deterministic)
       for fw in hf lightning accelerate; do
         timeout 330 python3 benchmarks/integrations/tolerance.py --frameworks $fw --nproc 1 --steps 40 \
-          --save-every 10 --faults exception:12,sigkill:22,hang:32 --soft-timeout 5 --timeout 100 \
-          --json "$OUT/tolerance-$fw.json" > "$OUT/tolerance-$fw.log" 2>&1
-        echo "tolerance $fw exit $?"; tail -2 "$OUT/tolerance-$fw.log"
+          --save-every 10 --faults exception:12,sigkill:22,hang:32 --soft-timeout 5 --timeout 100 "${extra[@]}" \
+          --keep "$OUT/$part-runs" --json "$OUT/$part-$fw.json" > "$OUT/$part-$fw.log" 2>&1
+        echo "$part $fw exit $?"; tail -2 "$OUT/$part-$fw.log"
       done ;;
     restore)
       timeout 200 python3 benchmarks/recovery/hostcopy_restore.py --size 4G --repeats 3 --device cuda --first-step \
