@@ -84,6 +84,10 @@ def gpt2(args: argparse.Namespace) -> Any:
         vocab_size=args.vocab, n_positions=args.seq, n_embd=args.width, n_layer=args.layers, n_head=args.heads
     )
     torch.manual_seed(0)
+    if args.build_on_device and torch.cuda.is_available():
+        # What docs/integrations.md advises: the random initialisation runs on the GPU.
+        with torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))):
+            return transformers.GPT2LMHeadModel(config)
     return transformers.GPT2LMHeadModel(config)
 
 
@@ -280,6 +284,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--deterministic", action="store_true", help="deterministic kernels (an op without one raises)"
+    )
+    parser.add_argument(
+        "--build-on-device", action="store_true", help="build the model on the rank's GPU, not on the CPU"
     )
     args = parser.parse_args()
     if args.deterministic:

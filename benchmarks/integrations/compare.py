@@ -281,6 +281,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep", type=Path, help="keep each run's output here")
+    parser.add_argument(
+        "--build-on-device", action="store_true", help="each script builds its model on its GPU (both arms)"
+    )
 
 
 def main() -> None:
@@ -288,9 +291,10 @@ def main() -> None:
     add_arguments(parser)
     args = parser.parse_args()
     runs = []
+    extra = ("--build-on-device",) if args.build_on_device else ()
     for framework in args.frameworks.split(","):
         for arm in args.arms.split(","):
-            result = one_run(args, framework, arm)
+            result = one_run(args, framework, arm, extra=extra)
             print(json.dumps(result), flush=True)
             runs.append(result)
     for r in runs:

@@ -57,7 +57,10 @@ def one_framework(args: argparse.Namespace, framework: str, folder: Path) -> dic
     runs: dict[str, dict[str, Any]] = {}
     for name, faults in (("fault-free", ""), ("fault-free again", ""), ("faulted", args.faults)):
         final = folder / f"{framework}-{name.replace(' ', '-')}.f32"
-        extra = ("--final", str(final), *(("--deterministic",) if args.deterministic else ()))
+        flags = (("--deterministic",) if args.deterministic else ()) + (
+            ("--build-on-device",) if args.build_on_device else ()
+        )
+        extra = ("--final", str(final), *flags)
         result = compare.one_run(args, framework, "nvtrain", faults_text=faults, extra=extra, env_extra=env)
         result["state_file"] = str(final)
         runs[name] = result
