@@ -72,3 +72,42 @@ def test_a_frozen_launcher_starts_nothing_more_and_its_tree_ends_by_the_deadline
     assert 2.5 <= result["took"] < 6.0, result
     for pid in result["tree"]:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
+
+
+KILLED_LATE = textwrap.dedent(
+    """
+    import json, subprocess, sys, time
+    from nvtrain.launcher.process import descendants, stop_descendants
+
+    # A descendant that ignores SIGTERM and holds 1 GiB it has written to: its exit after the
+    # SIGKILL (the kernel freeing those pages) takes a while, not an instant.
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "READY"
+    killed = stop_descendants(time.monotonic())  # the deadline is now: SIGKILL at once
+    left = [p.pid for p in descendants() if p.status() != "zombie"]
+    print(json.dumps({"child": child.pid, "killed": killed, "left": left}))
+    """
+)
+BIG = textwrap.dedent(
+    """
+    import mmap, signal, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    memory = mmap.mmap(-1, 1 << 30)
+    for offset in range(0, len(memory), 4096):
+        memory[offset] = 1
+    print("READY", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_a_process_killed_at_the_deadline_has_ended_when_the_stop_returns() -> None:
+    # The escalation kills ft_launcher right after this stop, and `nvtrain run` then reports the
+    # tree gone: a worker still exiting then is one that outlived its stop (a CI run once saw one).
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_LATE, BIG], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["killed"] == [result["child"]], result
+    assert result["left"] == [], result

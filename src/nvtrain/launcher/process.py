@@ -94,11 +94,17 @@ def stopped(procs: Sequence[psutil.Process]) -> list[tuple[psutil.Process, str]]
     return found
 
 
+KILL_WAIT = 5.0
+"""Seconds ``stop_descendants`` waits for the processes it KILLed to end: a KILL is not an
+instant exit (a worker's memory is freed first; one in uninterruptible sleep waits for its I/O)."""
+
+
 def stop_descendants(deadline: float, keep: Collection[int] = ()) -> list[int]:
     """TERM every descendant of this process but those in ``keep`` (and KILL at once those that
     are stopped: they cannot act on TERM), wait until ``deadline`` (monotonic) for them to end,
-    KILL the rest; returns the pids killed. A process counts as ended once it is a zombie: its
-    parent may be one of ``keep``, frozen. Descendants that appear meanwhile are told too."""
+    KILL the rest and wait for those to end (``KILL_WAIT`` at most); returns the pids killed. A
+    process counts as ended once it is a zombie: its parent may be one of ``keep``, frozen.
+    Descendants that appear meanwhile are told too."""
 
     def others() -> list[psutil.Process]:
         return [p for p in descendants() if p.pid not in keep]
@@ -117,6 +123,9 @@ def stop_descendants(deadline: float, keep: Collection[int] = ()) -> list[int]:
         time.sleep(0.05)
     left = [p for p in others() if _running(p)]
     _signal_all(left, signal.SIGKILL)
+    until = time.monotonic() + KILL_WAIT
+    while any(_running(p) for p in left) and time.monotonic() < until:
+        time.sleep(0.01)
     return killed + [p.pid for p in left if p.pid not in killed]
 
 

@@ -12,8 +12,9 @@ import time
 WORKER = r"""
 import os, signal, sys, time
 n = int(sys.argv[1])
-if n == 0:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+# An ignored signal stays ignored across fork and exec: the launcher's SIG_IGN is this worker's
+# too unless it puts SIGTERM back.
+signal.signal(signal.SIGTERM, signal.SIG_IGN if n == 0 else signal.SIG_DFL)
 print(f"WORKER {n} pid={os.getpid()}", flush=True)
 if n == 1:
     os.kill(os.getpid(), signal.SIGSTOP)
