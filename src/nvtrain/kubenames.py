@@ -33,6 +33,8 @@ __all__ = [
     "DNS_SUBDOMAIN_MAX",
     "LABEL_VALUE",
     "QUALIFIED_NAME",
+    "REPLICATED_JOB",
+    "TRAINJOB_ENV",
     "NamedJob",
     "PodNames",
     "check_dns_label",
@@ -232,3 +234,11 @@ def store_name(policy: NamedJob, names: PodNames | None = None) -> str:
     """DNS name of the rendezvous store's host: pod 0, or the control pod (``names``: this
     pod's view of them; default: the policy's)."""
     return (names or PodNames.of(policy)).store(policy.rendezvous.store)
+
+
+TRAINJOB_ENV = "NVTRAIN_TRAINJOB"
+"""The variable that holds the TrainJob's name in the pods of nvtrain's Trainer runtime (set by
+``kube.trainer_env``, read by ``launcher.trainjob``)."""
+
+REPLICATED_JOB = "node"
+"""The runtime's replicated Job (Trainer's ``constants.Node``): JobSet's Job ``<t>-node-0``."""

@@ -196,9 +196,11 @@ def test_srun_gives_rank_nodes_store_host_run_id_and_workers(script: Path) -> No
 
 
 def test_flags_and_written_keys_beat_slurm(tmp_path: Path, script: Path) -> None:
-    flags = _plan("--nnodes", "1", "--nproc-per-node", "2", str(script), env=srun_env(0))
-    assert _option(flags, "--nnodes") == "1:1" and _option(flags, "--nproc-per-node") == "2"
-    assert flags["endpoint"].startswith("127.0.0.1:")  # one node: standalone, Slurm or not
+    # An elastic --nnodes fits the 2-node step (a size the step cannot have is exit 2:
+    # tests/launcher/test_slurm_policy_mismatch.py).
+    flags = _plan("--nnodes", "1:2", "--nproc-per-node", "2", str(script), env=srun_env(0))
+    assert _option(flags, "--nnodes") == "1:2" and _option(flags, "--nproc-per-node") == "2"
+    assert flags["endpoint"] == "cn07:29500"
     policy = tmp_path / "p.toml"
     policy.write_text(
         f'[job]\nname = "s"\nscript = "{script}"\nnproc_per_node = 3\n'

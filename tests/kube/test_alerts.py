@@ -80,14 +80,72 @@ def expressions() -> list[str]:
     return [r["expr"] for r in rules()] + [t["expr"] for p in panels for t in p["targets"]]
 
 
+KUBE_STATE_METRICS = {
+    "kube_job_status_active": {"namespace", "job_name"},
+    "kube_job_failed": {"namespace", "job_name", "condition"},
+    "kube_pod_status_phase": {"namespace", "pod", "uid", "phase"},
+    "kube_pod_created": {"namespace", "pod", "uid"},
+}
+"""The kube-state-metrics series the rules read, with the labels it gives them by default (no
+``--metric-labels-allowlist`` needed)."""
+
+
+def grouped(expr: str) -> set[str]:
+    return {g.strip() for by in re.findall(r"\b(?:by|on) \(([^)]*)\)", expr) for g in by.split(",")}
+
+
 def test_every_expression_reads_only_what_nvtrain_serves() -> None:
     names, labels = served()
     for expr in expressions():
         used = set(re.findall(r"\bnvtrain_[a-z_]+\b", expr))
+        kube = set(re.findall(r"\bkube_[a-z_]+\b", expr))
+        if kube:  # what the pods cannot tell: kube-state-metrics' series, by their own labels
+            assert not used and kube <= set(KUBE_STATE_METRICS), (expr, kube - set(KUBE_STATE_METRICS))
+            known = set().union(*(KUBE_STATE_METRICS[k] for k in kube)) | {"job_name"}  # label_replace
+            assert grouped(expr) <= known, (expr, grouped(expr) - known)
+            # This Job by its name, or its pods by theirs (pod 0's, or any index).
+            picked = set(re.findall(r'\b(job_name|pod)=~"([^"]*)"', expr))
+            ours = {("job_name", "llm-train"), ("pod", "llm-train-0-[a-z0-9]{5}")}
+            assert picked and picked <= ours | {("pod", "llm-train-[0-9]+-[a-z0-9]{5}")}, expr
+            assert "namespace=" not in expr, expr
+            continue
         assert used and used <= names, (expr, used - names)
-        grouped = {g.strip() for by in re.findall(r"\bby \(([^)]*)\)", expr) for g in by.split(",")}
-        assert grouped <= labels | TARGET_LABELS, (expr, grouped - labels - TARGET_LABELS)
-        assert 'namespace="default", pod=~".*llm-train.*"' in expr  # this job's series only
+        assert grouped(expr) <= labels | TARGET_LABELS, (expr, grouped(expr) - labels - TARGET_LABELS)
+        # This job's pods only, in whatever namespace Kustomize puts them: no namespace named.
+        assert 'pod=~"llm-train-[0-9]+-[a-z0-9]{5}"' in expr and "namespace=" not in expr, expr
+
+
+def test_the_pod_patterns_match_this_jobs_pods_only() -> None:
+    """The pods of the Job (and of a JobSet: ``[job] name`` is ``<jobset>-<rjob>-0``), pod 0
+    replaced; not the pods of jobs whose names hold this one's, nor the control pod."""
+    [pattern] = set(re.findall(r'pod=~"([^"]*)"', expressions()[0]))
+    assert pattern == alerts.series_selector(policy_of(TEXT)).split('"')[1]
+    ours = ["llm-train-0-abcde", "llm-train-0-x7k2p", "llm-train-3-bcdfg", "llm-train-12-zzzzz"]
+    others = [
+        "llm-train-v2-0-abcde",
+        "exp-llm-train-0-abcde",
+        "llm-train-0-0-abcde",
+        "llm-train-control-abcde",
+    ]
+    others += ["llm-train-0", "llm-train-0-abcdef", "xllm-train-0-abcde"]
+    assert [p for p in ours + others if re.fullmatch(pattern, p)] == ours
+
+
+def test_the_dashboard_is_unique_per_namespace_and_job() -> None:
+    """Grafana keeps one dashboard per uid and per title in a folder, and its sidecar writes one
+    file per ConfigMap key: the job of one name in two namespaces must differ in all three."""
+    seen = set()
+    for namespace in ("default", "team-a"):
+        for name in ("llm-train", "llm-train-v2"):
+            text = TEXT.replace('name = "llm-train"', f'name = "{name}"')
+            text = text.replace("[rendezvous]\n", f'[rendezvous]\nnamespace = "{namespace}"\n')
+            policy = policy_of(text)
+            assert (policy.rendezvous.namespace, policy.job.name) == (namespace, name)
+            board = alerts.dashboard(policy)
+            [key] = alerts.dashboard_configmap(policy, {"name": "x"})["data"]
+            assert len(board["uid"]) <= 40
+            seen.add((board["uid"], board["title"], key))
+    assert len({u for u, _, _ in seen}) == len({t for _, t, _ in seen}) == len({k for _, _, k in seen}) == 4
 
 
 def test_thresholds_come_from_the_policy() -> None:

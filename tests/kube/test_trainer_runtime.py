@@ -109,7 +109,10 @@ def test_the_runtime_is_what_trainer_expects() -> None:
     runtime = by_kind(objects, "ClusterTrainingRuntime")
     assert runtime["apiVersion"] == "trainer.kubeflow.org/v1alpha1"
     assert "namespace" not in runtime["metadata"]  # cluster-scoped
-    assert runtime["spec"]["mlPolicy"] == {"numNodes": policy.rendezvous.nodes}  # no torch: no PET_*
+    # No torch policy: nvtrain is the launcher; the PET_* variables are the container's own.
+    assert runtime["spec"]["mlPolicy"] == {"numNodes": policy.rendezvous.nodes}
+    # The Kubeflow SDK lists and uses only runtimes with this label (test_trainer_sdk.py).
+    assert runtime["metadata"]["labels"][trainer_runtime.FRAMEWORK_LABEL] == "torch"
     job = replicated(runtime)
     assert job["name"] == "node" and job["replicas"] == 1
     assert job["template"]["metadata"]["labels"][trainer_runtime.ANCESTOR_LABEL] == "trainer"

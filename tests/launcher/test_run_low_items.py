@@ -82,8 +82,14 @@ def test_the_state_folder_of_a_killed_run_goes_with_the_next_start(
     waiter.write_text(WAIT, encoding="utf-8")
     killed = nvtrain.start("--run-id", "killed-1", "--no-warm-start", str(waiter))
     killed.wait_for_stdout("WAITING", timeout=120)
-    state = nvtrain.tmpdir / f"nvtrain-killed-1-node0-{killed.pid}"
-    assert state.is_dir(), _state_folders(nvtrain.tmpdir)
+    # nvtrain-<run id>-node0-<pid>-<random part>: a name nobody else can take first
+    states = [
+        p
+        for p in _state_folders(nvtrain.tmpdir)
+        if p.name.startswith(f"nvtrain-killed-1-node0-{killed.pid}-")
+    ]
+    assert len(states) == 1 and states[0].is_dir(), _state_folders(nvtrain.tmpdir)
+    state = states[0]
     os.kill(killed.pid, signal.SIGKILL)  # no finally runs: nothing removes the state folder
     assert killed.wait(timeout=30) == -signal.SIGKILL
     deadline = time.monotonic() + 60  # its guard stops what it started

@@ -315,8 +315,9 @@ class NvtrainRunner:
             # A run killed with SIGKILL cannot remove its host-copy folder in /dev/shm (the
             # default [checkpoint] memory_dir, named after the launcher's pid); in a pod it goes
             # with the pod, here the test removes it.
-            for folder in Path("/dev/shm").glob(f"nvtrain-*-node*-{running.proc.pid}"):
-                shutil.rmtree(folder, ignore_errors=True)
+            for pattern in (f"nvtrain-*-node*-{running.proc.pid}", f"nvtrain-*-node*-{running.proc.pid}-*"):
+                for folder in Path("/dev/shm").glob(pattern):  # (with or without the random part)
+                    shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 

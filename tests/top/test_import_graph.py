@@ -46,7 +46,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         "config": "errors findings kubenames nvrx",
         "kubenames": "errors",
         "errors": "findings",
-        "events": "",
+        "events": "private",
         "findings": "",
         "nvrx": "",
         "private": "",

@@ -94,7 +94,11 @@ def _sealed_step(run_dir: Path, copies: Path) -> int | None:
 
 
 def _host_copies(run: Running, run_id: str) -> Path:
-    return Path("/dev/shm") / f"nvtrain-{run_id}-node0-{run.pid}"
+    """The run's host-copy folder: ``nvtrain-<run id>-node0-<pid>-<random part>`` (a name
+    nobody else can take first); a path that does not exist while it is not made yet."""
+    prefix = f"nvtrain-{run_id}-node0-{run.pid}"
+    found = sorted(Path("/dev/shm").glob(f"{prefix}-*"))
+    return found[0] if found else Path("/dev/shm") / prefix
 
 
 def _workers(run: Running, warm: bool) -> dict[int, psutil.Process]:

@@ -145,6 +145,12 @@ def _entrypoint(key: str, value: str) -> Iterator[Finding]:
             "the policy's settings), not as the training " + ("script" if key == "script" else "module")
         )
         fix = f'write a path such as script = "./{value}"' if key == "script" else f"e.g. {example}"
+    elif key == "module" and not all(part.isidentifier() for part in value.split(".")):
+        rule = (
+            "must be a Python module name, as `python -m` takes: identifiers separated by dots "
+            "(not a path, and no code)"
+        )
+        fix = f'name the module, e.g. {example}; a file is [job] script (script = "path/to/train.py")'
     if rule:
         yield _f("error", "job-entrypoint", "job", key, value, rule, fix)
 

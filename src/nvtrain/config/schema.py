@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import inspect
+import ipaddress
 import os
 import re
 import typing
@@ -193,6 +194,29 @@ class Rendezvous(BaseModel):
     later): in a small CPU pod of its own, `<job>-control`, that runs `nvtrain control`; no
     training pod is special and the job survives the loss of any of them without a restart of
     the other launchers."""
+
+    store_allow: list[str] = Field(default_factory=list, max_length=64)
+    """Off Kubernetes: the hosts that may connect to the rendezvous store, as IPv4 addresses,
+    CIDRs (`"10.0.0.0/24"`) or host names (resolved on node 0 when the store starts), e.g. the
+    job's nodes. The store's host drops every other IPv4 connection, and every IPv6 one, before it
+    is accepted (docs/security.md). Empty: any host that can reach the port (on Kubernetes the
+    NetworkPolicy admits only the job's pods)."""
+
+    @field_validator("store_allow")
+    @classmethod
+    def _allow_shape(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            with contextlib.suppress(ValueError):
+                ipaddress.IPv4Network(entry, strict=False)
+                continue
+            label = r"[A-Za-z0-9]([A-Za-z0-9_-]*[A-Za-z0-9])?"
+            name = re.fullmatch(rf"{label}(\.{label})*", entry)
+            if name is None or re.fullmatch(r"[0-9./]+", entry):  # 10.0.0.300 is no name
+                raise ValueError(
+                    f"entry {entry!r} is not an IPv4 address, an IPv4 CIDR or a host name (IPv6 is not "
+                    'supported); write e.g. store_allow = ["10.0.0.11", "10.0.1.0/24", "node02"]'
+                )
+        return value
 
 
 class Heartbeat(BaseModel):

@@ -3,6 +3,13 @@
 Each line is written with one ``write`` call on an O_APPEND descriptor, so processes on one node
 can share the file without interleaving lines.
 
+The file is opened relative to a descriptor of its folder taken when the log is made (the folder
+must be this user's, in folders safe from ``/`` down: ``private.open_folder``), never through a
+link (``O_NOFOLLOW``), and only when it is a regular file of this user's. A folder that another
+user could have swapped since (the path leads to another folder now), a link or another user's
+file in place of the log: the line is not written, and the write fails with ``private.NotPrivate``
+(an ``OSError``) saying why; nothing is written anywhere else.
+
 A full or failing volume must not stop whoever writes: an ``EventLog`` with a ``report``
 callback reports the first failed write of a streak (``EventsLogError``), drops events until a
 write succeeds again (space may come back), then reports how many it dropped
@@ -22,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nvtrain import private
 from nvtrain.events.records import SCHEMA_VERSION, Event, EventsLogError, EventsLogResumed
 
 __all__ = ["EventLog", "Reporter"]
@@ -54,7 +62,32 @@ class EventLog:
         """Events dropped since the last write that succeeded (with ``report`` only)."""
         self._torn = False
         self._lock = threading.RLock()  # re-entrant: a signal handler may emit during an emit
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if private.unsafe_ancestor(path.parent) is None:  # (else nothing is made: refused below)
+            path.parent.mkdir(parents=True, exist_ok=True)
+        self._folder: int | None = None
+        self._folder_id = (0, 0)
+        self._refused: private.NotPrivate | None = None
+        """Why no line is ever written (the folder was not safe when the log was made)."""
+        try:
+            self._folder = private.open_folder(path.parent)
+        except private.NotPrivate as exc:
+            self._refused = exc
+        else:
+            info = os.fstat(self._folder)
+            self._folder_id = (info.st_dev, info.st_ino)
+
+    def close(self) -> None:
+        """Let go of the folder's descriptor (a later ``emit`` fails)."""
+        folder, self._folder = self._folder, None
+        if folder is not None:
+            os.close(folder)
+        if self._refused is None:
+            self._refused = private.NotPrivate(self.path, "belongs to an events log that was closed")
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            if self._folder is not None:
+                os.close(self._folder)
 
     def emit(self, event: Event) -> dict[str, Any]:
         """Append ``event`` (stamped now unless its ``ts`` is set); returns the line's fields."""
@@ -76,7 +109,8 @@ class EventLog:
                 if self.report is None:
                     raise
                 if self.dropped == 0:
-                    self._tell(EventsLogError(error=f"{exc.strerror or exc} (errno {exc.errno})"))
+                    code = f" (errno {exc.errno})" if exc.errno is not None else ""
+                    self._tell(EventsLogError(error=f"{exc.strerror or exc}{code}"))
                 self.dropped += 1
                 return record
             if self.dropped:
@@ -85,8 +119,22 @@ class EventLog:
         return record
 
     def _append(self, data: bytes) -> None:
-        """Write ``data`` at the end of the file (one ``write`` unless the volume is full)."""
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        """Write ``data`` at the end of the file (one ``write`` unless the volume is full), in the
+        folder the log was made in, while the path still leads to that folder."""
+        if self._refused is not None:
+            raise self._refused
+        assert self._folder is not None
+        try:
+            now = os.stat(self.path.parent)
+        except OSError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != self._folder_id:
+            raise private.NotPrivate(
+                self.path.parent,
+                "is not the folder this events log was opened in any more (removed, renamed or "
+                "replaced): no line is written there",
+            )
+        fd = private.open_append(self._folder, self.path.name, self.path)
         written = 0
         try:
             while written < len(data):

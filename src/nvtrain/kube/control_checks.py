@@ -125,6 +125,13 @@ class ControlChecks(ManifestChecker):
         labels = _get(doc.data, (*template, "metadata", "labels"))
         for key, value in selector(p).items():
             found = labels.get(key, _MISSING) if isinstance(labels, dict) else _MISSING
+            if isinstance(found, str) and (self.services or jobset):
+                # Relabelled (a Kustomize labels or commonLabels): whether the Service and the
+                # NetworkPolicy still select the pod is manifest_refs' check.
+                yield from self.renamed(
+                    doc, (*template, "metadata", "labels", key), found, value, "[job] name"
+                )
+                continue
             yield from self.mismatch(
                 doc,
                 (*template, "metadata", "labels", key),

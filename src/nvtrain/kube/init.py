@@ -63,6 +63,7 @@ _VALUES: dict[str, dict[str, str]] = {
         "dns_timeout": '"5m"',
         "join_timeout": '"15m"',
         "store": '"pod0"',
+        "store_allow": '["10.0.0.11", "10.0.0.12"]',
     },
     "heartbeat": {
         "initial_timeout": '"20m"',
@@ -101,6 +102,7 @@ _UNSET = {
     ("rendezvous", "service"),
     ("rendezvous", "host"),
     ("rendezvous", "min_nodes"),
+    ("rendezvous", "store_allow"),
     ("restart.in_process", "min_world_size"),
     ("restart.in_process", "failure_window"),
 }

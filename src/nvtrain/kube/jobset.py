@@ -186,4 +186,6 @@ def runtime(policy: Policy, policy_text: str, options: ManifestOptions) -> dict[
         failure_policy=jobset_failure_policy(),
         annotations={podextras.EXCLUSIVE_TOPOLOGY: exclusive} if exclusive is not None else {},
         ttl=options.ttl,
+        nproc_per_node=policy.job.nproc_per_node,
+        port=policy.rendezvous.port,
     )

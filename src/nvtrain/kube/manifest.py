@@ -71,12 +71,11 @@ def render(policy: Policy, policy_text: str, options: ManifestOptions | None = N
         metadata = object_meta(policy.job.name, policy, options)
         objects.append(monitoring.pod_monitor(metadata=metadata, selector=selector(policy)))
     if options.monitoring_rules:
-        objects.append(
-            alerts.prometheus_rule(policy, object_meta(f"{policy.job.name}-alerts", policy, options))
-        )
-        objects.append(
-            alerts.dashboard_configmap(policy, object_meta(f"{policy.job.name}-dashboard", policy, options))
-        )
+        every = options.trainer_runtime is not None  # the rules of every TrainJob of the runtime
+        meta = object_meta(f"{policy.job.name}-alerts", policy, options)
+        objects.append(alerts.prometheus_rule(policy, meta, runtime=every))
+        meta = object_meta(f"{policy.job.name}-dashboard", policy, options)
+        objects.append(alerts.dashboard_configmap(policy, meta, runtime=every))
     workloads: list[dict[str, Any]] = []
     if options.trainer_runtime is not None:
         workloads.append(runtime(policy, policy_text, options))

@@ -33,7 +33,10 @@ hostname and DNS name (``launcher.identity``), so a Job whose name still holds `
 Every reference that the pods depend on (ConfigMap, PodGroup, the selectors of the Service,
 NetworkPolicy and PodMonitor, the pod failure policy's container, the command, the run id, the
 checkpoint and ``/dev/shm`` mounts, the GPU count, the names the JobSet webhook accepts) is
-checked by ``manifest_refs``, after whatever edit made it.
+checked by ``manifest_refs``, after whatever edit made it; what the job needs of the set of
+objects and of each pod template (objects removed, queue labels, the policy mount, ``/dev/shm``
+against the memory limit, the metrics port, host network, Pod Security) and the rules the API
+server enforces by ``edit_checks``.
 
 Without a policy file, ``validate_manifest`` checks the policy in the manifest's ConfigMap (the
 one the pods run), and the NVRx version the manifest was rendered for (``nvtrain manifest --nvrx``,
@@ -51,8 +54,10 @@ from typing import TYPE_CHECKING, Literal
 from nvtrain.config.load import read_source
 from nvtrain.config.schema import Policy
 from nvtrain.findings import Finding, toml_value
+from nvtrain.kube.edit_checks import edit_checks, monitoring_elsewhere
 from nvtrain.kube.manifest_checker import KUBERNETES_DEFAULT_GRACE
 from nvtrain.kube.manifest_refs import check_references
+from nvtrain.kube.monitoring_checks import check_monitoring
 from nvtrain.kube.nvrx_pin import NVRX_ANNOTATION
 from nvtrain.kube.objects import POLICY_FILE
 from nvtrain.kube.workload_checks import Checker
@@ -137,7 +142,9 @@ def _check(
     findings = [f for doc in docs for f in checker.document(doc)]
     findings += checker.missing_control(docs)
     findings += check_references(checker, docs)
+    findings += edit_checks(checker, docs)
     findings += _namespaces(checker, docs, workloads)
+    findings += check_monitoring(checker, docs)
     if not workloads:
         only_control = " of training pods" if any(d.data.get("kind") == "Job" for d in docs) else ""
         findings.append(
@@ -157,8 +164,14 @@ def _check(
 def _namespaces(checker: Checker, docs: Sequence[_Doc], workloads: Sequence[_Doc]) -> Iterator[Finding]:
     """An error on every object whose namespace is not the one of most objects (on a tie, the
     workload's): the pods' DNS names live in their own namespace, and a pod mounts only a
-    ConfigMap of its own namespace. Objects with no namespace go where they are applied."""
-    written = [(d, ns) for d in docs if isinstance(ns := _get(d.data, ("metadata", "namespace")), str)]
+    ConfigMap of its own namespace. Objects with no namespace go where they are applied, and
+    the monitoring objects that may live elsewhere (``edit_checks.monitoring_elsewhere``) are
+    left out."""
+    written = [
+        (d, ns)
+        for d in docs
+        if isinstance(ns := _get(d.data, ("metadata", "namespace")), str) and not monitoring_elsewhere(d)
+    ]
     counts = collections.Counter(ns for _, ns in written)
     if len(counts) < 2:
         return

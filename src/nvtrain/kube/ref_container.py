@@ -129,6 +129,8 @@ def _command(
             continue
         sub = mount.get("subPath")
         files.add(mount_path if isinstance(sub, str) and sub else f"{mount_path.rstrip('/')}/{POLICY_FILE}")
+    # No ConfigMap mounted at all (the policy mount removed) is edit_pods' error, for every
+    # container that runs nvtrain on a file under /etc/nvtrain (the control pod's too).
     if files and path and path not in files:
         yield checker.finding(
             "error",

@@ -6,18 +6,25 @@ that runtime: a ``ClusterTrainingRuntime`` (``--trainer-runtime cluster``, usabl
 namespace) or a ``TrainingRuntime`` (``--trainer-runtime namespaced``, in ``[rendezvous]
 namespace``). Its one replicated Job, ``node``, holds the training pod template of ``nvtrain
 manifest`` (the launcher, its policy from the ConfigMap, the checkpoint volume, the pod failure
-policy and grace period), with what Trainer expects of it:
+policy and grace period), with what Trainer and the Kubeflow SDK expect of it:
 
+- the label ``trainer.kubeflow.org/framework: torch`` on the runtime: the Kubeflow SDK
+  (``TrainerClient``, ``kubeflow`` 0.5.0) lists only runtimes with that label and refuses to
+  ``get_runtime`` one without it;
 - the label ``trainer.kubeflow.org/trainjob-ancestor-step: trainer`` on the replicated Job,
   and the training container named ``node``: a TrainJob's ``spec.trainer`` (``image``,
   ``env``, ``resourcesPerNode``, ``numNodes``) applies to that container. Its ``command`` and
   ``args`` would replace ``nvtrain run``, so a TrainJob of this runtime leaves them out;
 - ``mlPolicy.numNodes`` = ``[rendezvous] nodes``, and no framework policy (``torch``, ``mpi``):
-  nvtrain is the launcher, not torchrun, and reads no ``PET_*`` variables;
+  nvtrain is the launcher, not torchrun. The ``PET_*`` variables that the torch policy would
+  inject are set in the container instead (``trainjob_env``), with the values the upstream
+  ``torch-distributed`` runtime gives them, for scripts and tools that read them;
 - no ``network.subdomain``: JobSet names the headless Service after the JobSet, that is after
-  the TrainJob, so that two TrainJobs of one runtime do not share it. The pods find their peers
-  from their own hostname and DNS name (``launcher.identity``): pod *i* of TrainJob ``<t>`` is
-  ``<t>-node-0-<i>``, and ``<t>`` must hold ``[job] name``.
+  the TrainJob, so that two TrainJobs of one runtime do not share it. The container gets the
+  TrainJob's name (``NVTRAIN_TRAINJOB``, from the JobSet's name label) and the pods find their
+  peers from it (``launcher.trainjob``): pod *i* of TrainJob ``<t>`` is ``<t>-node-0-<i>``
+  under the Service ``<t>``, whatever ``[job] name`` says, so any TrainJob name works (the
+  SDK's 12 random characters too).
 
 What Trainer does not take from a runtime is refused with the fix: the control pod
 (``[rendezvous] store = "control"``), Volcano (Trainer makes the PodGroup itself from
@@ -30,10 +37,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from nvtrain.errors import UsageError
+from nvtrain.kube.trainer_env import trainjob_env
+from nvtrain.kubenames import REPLICATED_JOB
 
 __all__ = [
     "ANCESTOR_LABEL",
     "API_VERSION",
+    "FRAMEWORK",
+    "FRAMEWORK_LABEL",
     "KINDS",
     "NODE",
     "check_runtime",
@@ -48,8 +59,14 @@ KINDS = {"cluster": "ClusterTrainingRuntime", "namespaced": "TrainingRuntime"}
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 """The label by which Trainer finds the replicated Job of the trainer (value ``trainer``)."""
 
-NODE = "node"
+NODE = REPLICATED_JOB
 """The name Trainer gives the trainer's replicated Job and container (``constants.Node``)."""
+
+FRAMEWORK_LABEL = "trainer.kubeflow.org/framework"
+"""The runtime label that the Kubeflow SDK filters on (``RUNTIME_FRAMEWORK_LABEL``)."""
+
+FRAMEWORK = "torch"
+"""Its value: the ML framework (any value but ``torchtune`` is a custom-trainer runtime to the SDK)."""
 
 
 def check_runtime(
@@ -98,23 +115,28 @@ def runtime(
     failure_policy: dict[str, Any],
     annotations: Mapping[str, str],
     ttl: int | None,
+    nproc_per_node: int | str,
+    port: int,
 ) -> dict[str, Any]:
     """The runtime of kind ``KINDS[scope]`` named by ``metadata`` (its namespace dropped for a
     ClusterTrainingRuntime), whose replicated Job ``node`` has the training Job's ``job_spec``
     (with the pod labels ``job_labels``): the training ``container`` renamed ``node``, here and
     in the pod failure policy, and the pods' ``subdomain`` left to JobSet. ``failure_policy`` is
-    the JobSet's; ``annotations`` go on the JobSet (e.g. exclusive topology)."""
+    the JobSet's; ``annotations`` go on the JobSet (e.g. exclusive topology). The container
+    gets ``trainjob_env`` (the TrainJob's name and the ``PET_*`` variables)."""
     spec = job_spec
     pod = spec["template"]["spec"]
     pod.pop("subdomain", None)
     for each in pod["containers"]:
         if each["name"] == container:
             each["name"] = NODE
+            each["env"] = [*each.get("env", []), *trainjob_env(nodes, nproc_per_node, port)]
     for rule in spec.get("podFailurePolicy", {}).get("rules", []):
         on_exit = rule.get("onExitCodes")
         if on_exit is not None and on_exit.get("containerName") == container:
             on_exit["containerName"] = NODE
     meta = dict(metadata)
+    meta["labels"] = {**meta.get("labels", {}), FRAMEWORK_LABEL: FRAMEWORK}
     if scope == "cluster":
         meta.pop("namespace", None)
     template_meta: dict[str, Any] = {}

@@ -25,7 +25,9 @@ the exact function it expects, and leaves NVRx as it is otherwise (``tune`` says
   final state; in a job of one node (``--nnodes=1:1``) there is no other node, and that wait is
   skipped.
 
-``NVTRAIN_FT_TUNING=off`` in ``nvtrain run``'s environment runs ft_launcher untouched.
+``NVTRAIN_FT_TUNING=off`` in ``nvtrain run``'s environment runs ft_launcher untouched, but for
+the rendezvous store's guards (``nvtrain.launcher.storeguard``: where it listens, who may reach
+it, what of it is unpickled), which are made in every case.
 
 **The script's arguments never reach ft_launcher's parser** (every version, tuned or not). Its
 argparse sees every word of its command line, the script's too, and reads a word that
@@ -329,6 +331,11 @@ def main() -> None:
         launcher.parse_args = _with_script_args(parse, script_args)  # type: ignore[attr-defined]
     else:  # no parser to wrap: ft_launcher reads the whole command line, as shipped
         argv, script_args = [*argv, *script_args], []
+    # The store's guards (nvtrain.launcher.storeguard) are made tuned or not: they are security.
+    from nvtrain.launcher import storeguard
+
+    guarded = storeguard.install(log=_log)
+    _log(f"nvtrain ftmain: {'; '.join(guarded) or 'store as shipped (no guard applies to this NVRx)'}")
     if os.environ.get(TUNING_ENV, "").lower() not in ("off", "0", "false", "no"):
         done = tune(launcher, installed_nvrx(), argv)
         _log(f"nvtrain ftmain: {'; '.join(done) or 'as shipped'}")

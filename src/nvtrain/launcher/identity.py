@@ -41,6 +41,9 @@ which source gave them (``Identity.source``):
 
 Precedence, highest first: the command line, ``NVTRAIN_*``, Kubernetes' ``JOB_COMPLETION_INDEX``,
 Slurm's variables, the hostname. A written ``[rendezvous] host`` wins over Slurm's node list.
+The job's size is not overridden that way: ``nvtrain run`` refuses a ``[rendezvous] nodes``
+(or ``--nnodes``) that does not fit the step before it gets here (``slurm.check_job_size``),
+so a task of a multi-node step is never node 0 of a one-node job of its own.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from typing import Literal
 from nvtrain.config.schema import Policy
 from nvtrain.errors import UsageError
 from nvtrain.kubenames import PodNames, control_hostname, pod_hostname
-from nvtrain.launcher import slurm
+from nvtrain.launcher import slurm, trainjob
 
 __all__ = [
     "HOSTS_FILE",
@@ -193,10 +196,16 @@ def pod_names(
     """The DNS names of this job's pods, as this pod sees them (see the module docstring): the
     base name from this pod's hostname when it is the job's (``<base>-<rank>``, or the control
     pod ``<[job] name>-control``), and the domain from this pod's own DNS name when that has
-    the kubelet's shape; whatever is not found, from the policy."""
+    the kubelet's shape; whatever is not found, from the policy. A pod of a TrainJob
+    (``NVTRAIN_TRAINJOB``) takes the base name from the TrainJob's name (``launcher.trainjob``)."""
     env = os.environ if env is None else env
     host = hostname or env.get("HOSTNAME") or socket.gethostname()
     names = PodNames.of(policy)
+    trainjob_name = trainjob.trainjob_name(env)
+    if trainjob_name is not None:
+        names = trainjob.trainjob_names(policy, trainjob_name)
+        domain = _own_domain(host, hosts_file)
+        return names if domain is None else dataclasses.replace(names, domain=domain)
     parts = _hostname_index(host, policy)
     own = parts is not None and (rank is None or parts[1] == rank)
     if parts is not None and own:

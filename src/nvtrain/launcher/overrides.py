@@ -23,7 +23,9 @@ started in (``config.paths``): a relative ``[checkpoint] dir``, and ``[job] scri
 the script's ``__file__`` is absolute, as under ``python`` and torchrun); and off a pod, a
 policy that does not set ``[checkpoint] dir`` keeps its checkpoints in ``$TMPDIR/nvtrain``
 (``script_checkpoint_dir``), as the script form does, not in ``/checkpoints`` at the
-filesystem's root.
+filesystem's root. Such a default folder (and the demo's ``/tmp/nvtrain-demo``) that another
+user has made first is not used: the run takes a fresh folder of this user's beside it and says
+so in one line (``private.claim_default``).
 """
 
 from __future__ import annotations
@@ -32,12 +34,14 @@ import dataclasses
 import os
 import re
 import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
+from nvtrain import private
 from nvtrain.config.checks import check
-from nvtrain.config.demo import DEMO_POLICY_SOURCE
+from nvtrain.config.demo import DEMO_CHECKPOINT_DIR, DEMO_POLICY_SOURCE
 from nvtrain.config.derive import derive_defaults
 from nvtrain.config.load import validate_data
 from nvtrain.config.paths import resolve_path, resolve_relative
@@ -46,7 +50,7 @@ from nvtrain.config.validation import validate_file
 from nvtrain.errors import ConfigError, UsageError
 from nvtrain.findings import Finding
 from nvtrain.launcher.ports import free_port
-from nvtrain.launcher.slurm import SlurmStep
+from nvtrain.launcher.slurm import SlurmStep, check_job_size
 from nvtrain.nvrx import installed_nvrx
 
 __all__ = [
@@ -227,8 +231,30 @@ def job_name_for(entry: str) -> str:
 
 def script_checkpoint_dir() -> str:
     """``[checkpoint] dir`` of ``nvtrain run train.py``: ``$TMPDIR/nvtrain`` (the events log
-    and the checkpoints of run ``<id>`` go to ``$TMPDIR/nvtrain/<id>/``)."""
-    return str(Path(tempfile.gettempdir()).resolve() / "nvtrain")
+    and the checkpoints of run ``<id>`` go to ``$TMPDIR/nvtrain/<id>/``); when another user has
+    made ``$TMPDIR/nvtrain`` first, a fresh folder of this user's beside it, said in one line on
+    stderr (``private.claim_default``)."""
+    return str(_claimed(Path(tempfile.gettempdir()).resolve() / "nvtrain"))
+
+
+def _claimed(top: Path, rest: str = "") -> Path:
+    chosen, note = private.claim_default(top, rest)
+    if note is not None:
+        sys.stderr.write(f"nvtrain: note: {note}\n")
+    return chosen
+
+
+def _demo_dir(policy: Policy, source: str) -> Policy:
+    """The demo's policy with a fresh folder of this user's for its checkpoints when another
+    user has made ``/tmp/nvtrain-demo`` first (``_claimed``); any other policy as it is."""
+    if source != DEMO_POLICY_SOURCE or policy.checkpoint.dir != DEMO_CHECKPOINT_DIR:
+        return policy
+    wanted = Path(DEMO_CHECKPOINT_DIR)
+    chosen = _claimed(wanted.parent, wanted.name)
+    if chosen == wanted:
+        return policy
+    checkpoint = policy.checkpoint.model_copy(update={"dir": str(chosen)})
+    return policy.model_copy(update={"checkpoint": checkpoint})
 
 
 def resolve_run(
@@ -313,6 +339,9 @@ def resolve_run(
     base = _load(path, entry=entry, cwd=here) if path is not None or not entry else None
     source = str(path) if path is not None else ("the command line" if entry else DEMO_POLICY_SOURCE)
     resolved = resolve(base, overrides, source=source, on_pod=on_pod)
+    if slurm is not None:  # the job's size must be the step's (launcher.slurm)
+        flag = "--standalone" if standalone else None if nnodes is None else f"--nnodes {nnodes}"
+        check_job_size(slurm, resolved.policy, flag=flag, policy_file=path)
     resolved = dataclasses.replace(resolved, policy=_absolute_script(resolved.policy, here))
     return resolved if entry else dataclasses.replace(resolved, extra_args=args)
 
@@ -388,11 +417,11 @@ def resolve(
     written_dir = "dir" in (data.get("checkpoint") or {})
     overrides = _unwritten_only(data, overrides)
     if isinstance(policy, Policy) and overrides == Overrides() and (on_pod or written_dir):
-        return _with_port(policy)
+        return _with_port(_demo_dir(policy, source))
     if not on_pod and not written_dir:
         data.setdefault("checkpoint", {})["dir"] = script_checkpoint_dir()
     _apply(data, overrides)
-    return _with_port(_checked(data, overrides, source))
+    return _with_port(_demo_dir(_checked(data, overrides, source), source))
 
 
 def _unwritten_only(data: dict[str, Any], o: Overrides) -> Overrides:

@@ -27,6 +27,7 @@ from nvtrain.entry import USER_TMPDIR_ENV
 from nvtrain.launcher.dns import store_name
 from nvtrain.launcher.ftmain import ENTRY_MODULES
 from nvtrain.launcher.identity import Identity
+from nvtrain.launcher.storeguard import ALLOW_ENV as STORE_ALLOW_ENV
 from nvtrain.nvrx import NvrxVersion
 from nvtrain.private import RUN_KEY_ENV
 
@@ -275,6 +276,8 @@ def build_plan(
         env["NVTRAIN_ZYGOTE"] = zygote_path
     if run_key_path:
         env[RUN_KEY_ENV] = run_key_path
+    if is_host and r.store_allow:  # who may reach the store (nvtrain.launcher.storeguard)
+        env[STORE_ALLOW_ENV] = " ".join(r.store_allow)
     if launcher_tmp:
         env["TMPDIR"] = launcher_tmp
         env[USER_TMPDIR_ENV] = user_tmpdir

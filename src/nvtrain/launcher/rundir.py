@@ -5,8 +5,9 @@ enter, into a usage error at start.
 
 Every folder made here is made through ``nvtrain.private``: at mode 0700, and one that exists
 already is used only when it is this user's and closed to others (the run's folder on the shared
-checkpoint volume: not writable by group or others). A refused start removes what it made and
-nothing else.
+checkpoint volume: not writable by group or others), in folders that are safe from ``/`` down
+(``private.unsafe_ancestor``). The node-local folders' names end in a random part, so another
+user cannot make them first. A refused start removes what it made and nothing else.
 """
 
 from __future__ import annotations
@@ -85,12 +86,19 @@ class RunPaths:
         return self.state_dir / RUN_KEY_NAME
 
 
+def _node_folder_name(identity: Identity) -> str:
+    """``nvtrain-<run id>-node<N>-<pid>-<random>``: the pid tells a killed launcher's folder
+    (``remove_stale_states``); the random part keeps another user from making it first."""
+    return f"nvtrain-{identity.run_id}-node{identity.node_rank}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
 def host_copy_dir(policy: Policy, identity: Identity) -> Path | None:
-    """``<memory_dir>/nvtrain-<run id>-node<N>-<pid>``, when async saves keep a host copy."""
+    """``<memory_dir>/nvtrain-<run id>-node<N>-<pid>-<random>``, when async saves keep a host
+    copy."""
     c = policy.checkpoint
     if not (c.async_ and c.in_memory and c.memory_dir):
         return None
-    return Path(c.memory_dir) / f"nvtrain-{identity.run_id}-node{identity.node_rank}-{os.getpid()}"
+    return Path(c.memory_dir) / _node_folder_name(identity)
 
 
 def launcher_tmpdir(state: Path) -> Path:
@@ -125,7 +133,7 @@ def prepare(
     run_dir = Path(policy.checkpoint.dir) / identity.run_id
     # One folder per launcher process: a second launcher of the same run and node on this
     # machine (a test, a stray local start) must not overwrite or delete this one's policy.
-    state = Path(tempfile.gettempdir()) / f"nvtrain-{identity.run_id}-node{identity.node_rank}-{os.getpid()}"
+    state = Path(tempfile.gettempdir()) / _node_folder_name(identity)
     host = host_copy_dir(policy, identity)
     paths = RunPaths(
         run_dir,
@@ -178,6 +186,10 @@ def _make_run_dir(policy: Policy, paths: RunPaths) -> None:
     """``<checkpoint dir>/<run id>``, shared by the job's pods (so it may exist): made at 0700;
     one that exists must be this user's, not a link, and not writable by group or others."""
     try:
+        # Every folder above must be safe before one is made in it (and again after: make_private_dir).
+        unsafe = private.unsafe_ancestor(paths.run_dir.parent, below=paths.run_dir)
+        if unsafe is not None:
+            raise unsafe
         _make_parents(paths.run_dir.parent)
         if private.make_private_dir(paths.run_dir, closed=0o022):
             paths.made.append(paths.run_dir)
@@ -187,7 +199,10 @@ def _make_run_dir(policy: Policy, paths: RunPaths) -> None:
             f"[checkpoint] dir = {json.dumps(policy.checkpoint.dir)}: the run's folder {exc.path} "
             f"{exc.reason}; nvtrain uses a run folder only when it is this user's and not "
             "writable by group or others (another user could plant files the workers load)",
-            _parent_fix(exc, "point [checkpoint] dir at a folder that only this user can write")
+            _parent_fix(
+                exc,
+                "point [checkpoint] dir at a folder whose every folder from / down is root's or this user's",
+            )
             or f"remove {exc.path} (look at what is in it first), or make it this user's and closed "
             "(chown, chmod go-w), or start with another run id",
         ) from None
@@ -271,26 +286,29 @@ def _make_host_copy(policy: Policy, paths: RunPaths, folder: Path) -> None:
 
 
 def _parent_fix(exc: private.NotPrivate, elsewhere: str) -> str:
-    """The fix when the fault is the folder above (``exc.parent``), else ""."""
+    """The fix when the fault is a folder above (``exc.parent``), else ""."""
     if not exc.parent:
         return ""
-    return (
-        f"give {exc.path.parent} the sticky bit (chmod +t) or take others' write (chmod o-w), or {elsewhere}"
-    )
+    return f"{exc.fix}, or {elsewhere}" if exc.fix else elsewhere
 
 
 def remove_stale_host_copies(mine: Path) -> list[Path]:
     """Remove the host-copy folders of this run and node that a launcher killed outright (no
     ``finally`` ran: SIGKILL, an OOM kill of the container) left in the memory-backed folder,
     where they would hold two copies of every rank's state until the pod ends. A folder counts
-    as stale when no ``nvtrain`` process has the pid in its name, and only a folder of this
+    as stale when no ``nvtrain`` process has the pid in its name (or it is this process's pid:
+    a container restarted with the same pid), and only a folder of this
     user's (never a link, nor another user's folder of that name). Returns those removed."""
-    prefix, _, _pid = mine.name.rpartition("-")
+    named = _COPY_NAME.fullmatch(mine.name)
+    assert named is not None, mine
     removed = []
     with contextlib.suppress(OSError):
         for entry in mine.parent.iterdir():
-            head, _, pid = entry.name.rpartition("-")
-            if head != prefix or not pid.isdigit() or entry == mine or _is_nvtrain(int(pid)):
+            match = _COPY_NAME.fullmatch(entry.name)
+            if match is None or match.group(1) != named.group(1) or entry == mine:
+                continue
+            pid = int(match.group(2))
+            if pid != os.getpid() and _is_nvtrain(pid):
                 continue
             if private.check_private_dir(entry, closed=0) is not None:
                 continue
@@ -299,16 +317,20 @@ def remove_stale_host_copies(mine: Path) -> list[Path]:
     return removed
 
 
-_STATE_NAME = re.compile(r"nvtrain-.+-node\d+-(\d+)|nvtrain-(\d+)-[0-9a-f]{8}")
-"""A state folder (``nvtrain-<run id>-node<N>-<pid>``) or a launcher's ``$TMPDIR`` beside it
-(``nvtrain-<pid>-<random>``, ``launcher_tmpdir``)."""
+_COPY_NAME = re.compile(r"(nvtrain-.+-node\d+)-(\d+)(?:-[0-9a-f]{8})?")
+"""A host-copy folder (``nvtrain-<run id>-node<N>-<pid>-<random>``, or without the random part
+as earlier versions named it): the run and node, and the pid."""
+_STATE_NAME = re.compile(r"nvtrain-.+-node\d+-(\d+)(?:-[0-9a-f]{8})?|nvtrain-(\d+)-[0-9a-f]{8}")
+"""A state folder (``nvtrain-<run id>-node<N>-<pid>-<random>``) or a launcher's ``$TMPDIR``
+beside it (``nvtrain-<pid>-<random>``, ``launcher_tmpdir``)."""
 
 
 def remove_stale_states(folder: Path, *, mine: Path | None = None) -> list[Path]:
     """Remove the state folders in ``folder`` (``$TMPDIR``) that launchers killed outright
     (SIGKILL, an OOM kill: no ``finally`` ran) left behind, with their secrets and sockets: a
     folder of this user's, private (never a link, nor another user's), named after a pid that
-    no ``nvtrain`` process has. ``mine`` (this launcher's) is kept. Returns those removed."""
+    no ``nvtrain`` process has, or this process's pid (an earlier launcher of a container
+    restarted with the same pid). ``mine`` (this launcher's) is kept. Returns those removed."""
     removed = []
     with contextlib.suppress(OSError):
         for entry in folder.iterdir():
@@ -316,7 +338,7 @@ def remove_stale_states(folder: Path, *, mine: Path | None = None) -> list[Path]
             if match is None or entry == mine:
                 continue
             pid = int(match.group(1) or match.group(2))
-            if pid == os.getpid() or _is_nvtrain(pid) or private.check_private_dir(entry) is not None:
+            if (pid != os.getpid() and _is_nvtrain(pid)) or private.check_private_dir(entry) is not None:
                 continue
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)

@@ -20,6 +20,11 @@ there, each with its own workers: refused with the fix. The batch script itself 
 ``SLURM_NODEID`` is set there too, but no ``SLURM_STEP_ID``) is one process on one node
 (``SlurmStep.batch``): its node count is the allocation's, not the job's; ``launcher.identity``
 refuses a multi-node job started there, whose other nodes would never start.
+
+The step's size and the job's must agree (:func:`check_job_size`): a policy or ``--nnodes``
+that asks for other than the step's node count (a one-node policy under ``srun -N2``, whose
+tasks would each run as node 0 of a job of their own under one run id, events log and step
+folders) is refused with exit 2 on every node of the step, never run as another job.
 """
 
 from __future__ import annotations
@@ -27,10 +32,15 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nvtrain.errors import UsageError
 
-__all__ = ["MAX_HOSTS", "SlurmStep", "expand", "from_env", "tasks_per_node"]
+if TYPE_CHECKING:
+    from nvtrain.config.schema import Policy
+
+__all__ = ["MAX_HOSTS", "SlurmStep", "check_job_size", "expand", "from_env", "tasks_per_node"]
 
 MAX_HOSTS = 100_000
 """Most hosts a node list may expand to (a typo such as ``n[1-999999999]`` is refused)."""
@@ -118,6 +128,8 @@ class SlurmStep:
     """Workers per node Slurm suggests (the step's GPUs on this node); None: nothing."""
     batch: bool = False
     """The batch script, not a task of an ``srun`` step (no ``SLURM_STEP_ID``)."""
+    nodes_from: str = dataclasses.field(default="SLURM_STEP_NUM_NODES", compare=False)
+    """The variable that gave ``nodes``, for messages (not part of the step's identity)."""
 
 
 def _number(env: Mapping[str, str], var: str) -> int | None:
@@ -186,4 +198,71 @@ def from_env(env: Mapping[str, str]) -> SlurmStep | None:
     gpus = _number(env, "SLURM_GPUS_ON_NODE")
     node_name = env.get("SLURMD_NODENAME", "").strip() or None
     batch = not env.get("SLURM_STEP_ID", "").strip()
-    return SlurmStep(job_id, rank, nodes, hosts[0], node_name, gpus or None, batch)
+    return SlurmStep(job_id, rank, nodes, hosts[0], node_name, gpus or None, batch, counted[0])
+
+
+def check_job_size(step: SlurmStep, policy: Policy, *, flag: str | None, policy_file: Path | None) -> None:
+    """``UsageError`` when the job's node count (``[rendezvous] nodes`` and ``min_nodes``, as
+    resolved) does not fit this ``srun`` step: more nodes than the job takes (a one-node job on
+    every node of the step: each task would be node 0 of a job of its own, under the run id
+    they share), or fewer than it needs (it would wait for nodes the step never starts). An
+    elastic job (``min_nodes`` < ``nodes``) fits a step of any size in between. ``flag``: the
+    command-line flag that set the count (``--nnodes 1``, ``--standalone``), else None (the
+    policy file ``policy_file``, or the default). The batch script is one process on one node
+    (``launcher.identity`` refuses a multi-node job there)."""
+    nodes, low = policy.rendezvous.nodes, policy.min_nodes
+    if step.batch or low <= step.nodes <= nodes:
+        return
+    size = f"{nodes} node(s)" if low == nodes else f"{low} to {nodes} nodes"
+    key = "nodes" if step.nodes > nodes or low == nodes else "min_nodes"
+    written = _written_key(policy, policy_file)
+    asked = flag or written or f"[rendezvous] nodes = {nodes} (the default)"
+    if nodes == 1:
+        harm = (
+            "each task of the step would run as node 0 of a one-node job of its own, and they "
+            "would share one run id, events log and step folders"
+        )
+    elif step.nodes > nodes:
+        harm = f"nodes {nodes} to {step.nodes - 1} of the step would have no place in the job"
+    else:
+        harm = f"the job would wait for {low - step.nodes} more node(s), which this step never starts"
+    if flag is not None:
+        match = f"pass --nnodes {step.nodes} instead of {flag}"
+    elif written is not None:
+        match = (
+            f"set [rendezvous] {key} = {step.nodes} in {policy_file} (or leave the job's size out "
+            "of the policy: under srun it is the step's node count)"
+        )
+    else:
+        match = f"pass --nnodes {step.nodes}"
+    raise UsageError(
+        f"the Slurm step has {step.nodes} node(s) ({step.nodes_from}={step.nodes}, "
+        f"SLURM_NODEID={step.node_rank}, SLURM_JOB_ID={step.job_id}), but {asked} asks for "
+        f"{size}: {harm}; nvtrain run does not start it as another job",
+        f"make them agree: {match}; or start the step on {nodes} node(s): srun -N{nodes} "
+        "--ntasks-per-node=1 nvtrain run ...",
+    )
+
+
+def _written_key(policy: Policy, policy_file: Path | None) -> str | None:
+    """``[rendezvous] nodes = N in FILE:LINE`` (or ``min_nodes``) when the policy file writes the
+    job's size; None when it does not (the default, or what a flag or Slurm set)."""
+    r = policy.rendezvous
+    written = [
+        k
+        for k in ("nodes", "min_nodes")
+        if k in r.model_fields_set and f"rendezvous.{k}" not in policy.derived
+    ]
+    if policy_file is None or not written:
+        return None
+    key = written[0]
+    where = str(policy_file)
+    try:
+        from nvtrain.config.locate import key_positions
+
+        found = key_positions(policy_file.read_text(encoding="utf-8")).get(("rendezvous", key))
+    except (OSError, UnicodeDecodeError):
+        found = None
+    if found is not None:
+        where += f":{found[0]}"
+    return f"[rendezvous] {key} = {getattr(r, key)} in {where}"

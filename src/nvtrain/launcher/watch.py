@@ -72,7 +72,11 @@ from nvtrain.launcher.logwatch import (
 )
 from nvtrain.launcher.outcome import seconds
 
-__all__ = ["STARTUP_LIMIT", "Watch"]
+__all__ = ["SIGNAL_EXCEPTION", "STARTUP_LIMIT", "Watch"]
+
+SIGNAL_EXCEPTION = "SignalException"
+"""The exception ft_launcher ends with when a signal stopped it (``error`` of its
+``launcher_error`` line): no error when nvtrain forwarded that signal (``Watch.signum``)."""
 
 STARTUP_LIMIT = 20 * 60.0
 """Seconds an attempt must run to count as progress when ``[heartbeat] initial_timeout`` is not
@@ -255,8 +259,17 @@ class Watch:
         with self.lock:
             if isinstance(record, WorkerFailed):
                 return self._failed(record)
+            if isinstance(record, LauncherError) and self._stop_asked(record):
+                return []  # kept in the launcher's log (``LogSorter``), but not its error
             self._note(record)
         return [record]
+
+    def _stop_asked(self, record: LauncherError) -> bool:
+        """``record`` is ft_launcher ending on the signal that nvtrain forwarded to it: it
+        re-raises its ``SignalException`` when a worker it stopped exited non-zero (143: every
+        worker told to stop with SIGTERM), and says it ended with that exception. That is the
+        stop asked for, not an error of ft_launcher's: no ``launcher_error``."""
+        return self.signum is not None and record.error == SIGNAL_EXCEPTION
 
     def _traceback_line(self, text: str, stream: str) -> bool:
         """Follow the tracebacks in ``stream``: a plain script's, and the ranks that raised

@@ -4,7 +4,8 @@ A long-running server inside ``nvtrain run``, apart from the offline ``report`` 
 model it serves: ``figures`` (a ``Report`` as metric families, pure), ``follow``
 (``LiveFigures``: the figures of a growing events log), ``pod`` (every pod's own figures),
 ``errors`` (failed updates: counted, and logged once each), ``server`` (``serve``: the HTTP
-endpoint and the thread that keeps it fresh; ``bind_address``).
+endpoint and the thread that keeps it fresh; ``bind_address``), ``guarded`` (its HTTP server,
+which no client can hold: a deadline for each request, a bound on connections).
 
 Job-level series once per job, pod-level ones per pod: the pod of node rank 0
 (``pod.JOB_VIEW_RANK``) serves the whole job's figures, read from every pod's events log in the

@@ -1,8 +1,10 @@
 """The metrics endpoint of ``nvtrain run``: the live figures over HTTP, kept fresh by a thread.
 
-``serve`` exposes them with ``prometheus_client`` (imported only there) and rebuilds them in a
-thread of its own every ``refresh`` seconds when the log grew, so a scrape never waits for a
-rebuild. An update that fails is counted and logged (``errors``), and serving goes on.
+``serve`` exposes them with ``prometheus_client`` (imported only there), behind a server that no
+client can hold (``guarded``: a deadline for each request, a bound on connections), and
+rebuilds them in a thread of its own every ``refresh`` seconds when the log grew, so a scrape
+never waits for a rebuild. An update that fails is counted and logged (``errors``), and serving
+goes on.
 """
 
 from __future__ import annotations
@@ -93,9 +95,11 @@ def serve(config: Metrics, events: Path, *, run_id: str, node_rank: int, address
 
     ``OSError`` when the port cannot be bound; the caller names the policy key.
     """
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry, make_wsgi_app
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
     from prometheus_client.registry import Collector
+
+    from nvtrain.live.guarded import start_server
 
     live = LiveFigures(events, config.refresh) if node_rank == JOB_VIEW_RANK else None
     pod = PodFigures(own_log(events, node_rank))
@@ -130,7 +134,7 @@ def serve(config: Metrics, events: Path, *, run_id: str, node_rank: int, address
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector())
-    server, thread = start_http_server(config.port, addr=address or "0.0.0.0", registry=registry)
+    server, thread = start_server(config.port, address or "0.0.0.0", make_wsgi_app(registry))
     updater = threading.Thread(target=keep_fresh, name="nvtrain-metrics", daemon=True)
     updater.start()
     port = int(server.server_address[1])

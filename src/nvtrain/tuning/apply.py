@@ -13,7 +13,6 @@ import copy
 import dataclasses
 import os
 import re
-import stat
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from nvtrain.config.load import read_source
 from nvtrain.config.locate import key_positions
 from nvtrain.config.validation import validate_source
 from nvtrain.errors import ConfigError, UsageError
+from nvtrain.tuning.apply_errors import check_writable, write_error
 
 __all__ = ["Applied", "apply_interval", "rewrite_interval"]
 
@@ -157,32 +157,18 @@ def apply_interval(path: Path, interval: int) -> Applied:
     after = validate_source(new, str(path))
     if not after.ok:
         raise ConfigError(after.source, after.findings)
-    _check_writable(path, target)
-    _replace(target, new.encode("utf-8"))
+    check_writable(path, target)
+    _replace(path, target, new.encode("utf-8"))
     return Applied(str(path), old, interval, line, changed=True)
 
 
-def _check_writable(path: Path, target: Path) -> None:
-    """``UsageError`` when the policy file itself is read-only. It is replaced by a rename, which
-    needs only its directory to be writable: a file made read-only would be rewritten anyway."""
-    mode = target.stat().st_mode
-    if not os.access(target, os.W_OK) or not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
-        raise UsageError(
-            f"--apply: {path} is read-only (mode {stat.filemode(mode)}), so its interval is left as it is",
-            f"make it writable (chmod u+w {path}) to apply the interval, or leave out --apply",
-        )
-
-
-def _replace(target: Path, data: bytes) -> None:
+def _replace(path: Path, target: Path, data: bytes) -> None:
     """Write ``data`` to a new file next to ``target`` and rename it over ``target``
     (``write_atomically``), then sync the folder."""
     try:
         write_atomically(target, data)
     except OSError as exc:
-        raise UsageError(
-            f"--apply: cannot write {target} ({exc.strerror or exc})",
-            "make the file and its directory writable, or apply the interval by hand",
-        ) from None
+        raise write_error(path, target, exc) from None
     dir_fd = os.open(target.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

@@ -41,7 +41,7 @@ from nvtrain.events.records import (
     WorkerStopped,
     WorkerThreadError,
 )
-from nvtrain.worker import stopping
+from nvtrain.worker import inprocess_end, stopping
 from nvtrain.worker.context import Context
 from nvtrain.worker.faults import FaultInjector
 from nvtrain.worker.gloo_cut import GlooLinks
@@ -415,18 +415,22 @@ def _run_in_process(
         # NVRx 0.6+ adds GPU, NVLink and NIC checks to every restart; without a GPU they fail,
         # with one they stay.
         wrapper.restart_health_check = wrapper.health_check
+    hosts = int(os.environ["RANK"]) == 0  # this process hosts the Wrapper's store and this one
     base_store = dist.TCPStore(  # type: ignore[attr-defined]
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]) + 1,
         world_size=world,
-        is_master=int(os.environ["RANK"]) == 0,
+        is_master=hosts,
         timeout=plan.barrier_timeout,
         multi_tenant=True,
         use_libuv=True,
         wait_for_workers=False,
     )
 
+    last: list[Any] = []  # the CallWrapper, kept (with the store it holds) until the monitors end
+
     def attempt(call_wrapper: inprocess.CallWrapper = None) -> Any:
+        last[:] = [call_wrapper]
         iteration = call_wrapper.iteration
         if iteration > 0 and events is not None:
             events.emit(
@@ -449,4 +453,6 @@ def _run_in_process(
                 interrupted.append(str(exc))
             raise
 
-    return wrapper(attempt)()
+    result = wrapper(attempt)()
+    inprocess_end.finish(last[0] if last else None, base_store, hosts=hosts)
+    return result

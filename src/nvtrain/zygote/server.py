@@ -1,13 +1,14 @@
 """The warm-start server: ``python -m nvtrain.zygote.server --socket PATH [--script S | --module M]``.
 
 Imports torch, NVRx, nvtrain's worker library and the training script's top-level imports,
-checks that none of that initialised CUDA or started a thread (a fork would then be unsafe:
-it refuses to serve, and every client starts cold), then serves on ``PATH``. It binds ``PATH``
-before the imports: a client that comes while they run waits in the socket's queue and gets a
-forked worker when they are done (one import per pod instead of one per worker), or, if the
-server refuses or dies, the connection closes and the client starts cold. Per request it
-forks one worker: the child takes the client's stdin/stdout/stderr, environment, working
-directory and argv, reseeds its random generators, and runs the script as ``__main__``.
+checks that none of that initialised CUDA or started a thread, Python's or native
+(``forkcheck``: a fork would then be unsafe: it refuses to serve, and every client starts
+cold), then serves on ``PATH``. It binds ``PATH`` before the imports: a client that comes while
+they run waits in the socket's queue and gets a forked worker when they are done (one import
+per pod instead of one per worker), or, if the server refuses or dies, the connection closes
+and the client starts cold. Per request it forks one worker: the child takes the client's
+stdin/stdout/stderr, environment, working directory and argv, reseeds its random generators,
+and runs the script as ``__main__``.
 
 One thread, a selector over the socket, the connections and the workers' pidfds, and nothing
 that blocks: a request is read as it comes (at most ``REQUEST_TIMEOUT`` seconds, one line of
@@ -43,13 +44,14 @@ import signal
 import socket
 import struct
 import sys
-import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
 from nvtrain.entry import Exit, Target, finish, run
 from nvtrain.private import check_private_dir
+from nvtrain.zygote.forkcheck import fork_problem, os_threads
 from nvtrain.zygote.unixpath import reachable
 from nvtrain.zygote.wire import Reader, encode, send
 
@@ -120,14 +122,22 @@ def _stop(_signum: int, _frame: object) -> None:
     sys.exit(0)
 
 
-def preload(script: str | None, module: str | None, plain: bool = False) -> list[str]:
+def preload(script: str | None, module: str | None, plain: bool = False) -> tuple[list[str], int]:
     """Import what the workers will import; returns the names that failed to import (a worker
-    imports them itself, and fails there if it must)."""
-    failed = []
+    imports them itself, and fails there if it must), and the threads of this process once the
+    imports every worker makes were done (``forkcheck.fork_problem``'s base)."""
     if script is not None:
         sys.path.insert(0, str(Path(script).resolve().parent))
     os.environ.setdefault(NVML_CHECK, "1")  # the workers get their clients' environment
-    for name in (*(PLAIN if plain else BASE), *script_imports(_source(script, module))):
+    failed = _import_all(PLAIN if plain else BASE)
+    threads = os_threads()
+    return failed + _import_all(script_imports(_source(script, module))), threads
+
+
+def _import_all(names: Iterable[str]) -> list[str]:
+    """Import ``names``; the ones that failed."""
+    failed = []
+    for name in names:
         try:
             importlib.import_module(name)
         except BaseException:  # noqa: BLE001 - anything a module does at import is its own
@@ -135,17 +145,6 @@ def preload(script: str | None, module: str | None, plain: bool = False) -> list
                 raise
             failed.append(name)
     return failed
-
-
-def fork_safe() -> str | None:
-    """Why forking this interpreter would be unsafe, or None."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return "CUDA was initialised while importing the script's modules"
-    if threading.active_count() > 1:
-        names = ", ".join(t.name for t in threading.enumerate() if t is not threading.main_thread())
-        return f"importing the script's modules started threads ({names})"
-    return None
 
 
 GO = b"g"
@@ -569,12 +568,12 @@ def main(argv: list[str] | None = None) -> None:
         signal.pause()
         return
     try:
-        failed = preload(args.script, args.module, plain=args.plain)
+        failed, threads = preload(args.script, args.module, plain=args.plain)
         if failed:
             sys.stderr.write(
                 f"nvtrain warm start: not preloaded (the workers import them): {', '.join(failed)}\n"
             )
-        unsafe = fork_safe()
+        unsafe = fork_problem(threads)
         if unsafe is not None:
             # Closing the socket drops the waiting clients' connections: they start cold.
             listener.close()

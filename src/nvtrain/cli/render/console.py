@@ -1,4 +1,8 @@
-"""The consoles the commands print to, and text from outside made safe to print."""
+"""The consoles the commands print to, and text from outside made safe to print.
+
+Every console here is made with ``emoji=False``: rich would otherwise turn an emoji code such as
+``:x:`` in a user's text (``--volume pvc:x:/etc``) into a picture. Markup stays on for our own
+styles, so text from outside goes through ``escape`` (a ``[bold]`` in a value prints as is)."""
 
 from __future__ import annotations
 
@@ -27,8 +31,8 @@ class _LazyConsole:
         return getattr(self._console, name)
 
 
-out: Any = _LazyConsole(highlight=False, soft_wrap=False)
-err: Any = _LazyConsole(stderr=True, highlight=False, soft_wrap=True)
+out: Any = _LazyConsole(highlight=False, soft_wrap=False, emoji=False)
+err: Any = _LazyConsole(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 
 # C0 controls but tab and newline, DEL and C1 controls (ESC starts the terminal's escape
@@ -64,7 +68,8 @@ def make_table(*args: Any, **kwargs: Any) -> Table:
 
 
 def make_console(**options: Any) -> Console:
-    """A rich ``Console`` of its own (rich imported now), e.g. wider than a pipe's default."""
+    """A rich ``Console`` of its own (rich imported now), e.g. wider than a pipe's default; no
+    emoji codes unless ``options`` asks for them."""
     from rich.console import Console
 
-    return Console(**options)
+    return Console(**{"emoji": False, **options})

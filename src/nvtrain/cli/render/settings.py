@@ -20,7 +20,7 @@ def print_settings(title: str, settings: Sequence[Setting]) -> None:
             lines.append(visible(f"  {where}{s.key} = {s.value}{source}"))
         print("\n".join(lines), flush=True)
         return
-    table = make_table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    table = make_table(title=escape(title), title_justify="left", show_edge=False, pad_edge=False)
     table.add_column("table")
     table.add_column("key")
     table.add_column("value", overflow="fold")
@@ -28,7 +28,7 @@ def print_settings(title: str, settings: Sequence[Setting]) -> None:
     for s in settings:
         table.add_row(
             escape(f"[{s.table}]") if s.table else "",
-            s.key,
+            escape(s.key),
             escape(s.value),
             "file" if s.from_file else "[dim]default[/]",
         )

@@ -32,11 +32,43 @@ from nvtrain.worker.plain import MetadataReader, PlainLoadPlanner, Refused, load
 __all__ = ["Restoring"]
 
 
+class _Before:
+    """What a restore that loads nothing must put back. Reading the live state as a state dict
+    (``get_state_dict``, which the host copy, the peers and DCP's loader need) first creates an
+    optimizer's state when it has none, by a step of its own on zero gradients with the learning
+    rate at 0: AdamW's parameters stay, but its state then holds ``step`` 1 and zeroed moments,
+    which the first real step would count on. Dropping that state again gives the optimizer a
+    fresh one's, which its first step makes as it would have; the RNG states are put back too."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer | None, rng: dict[str, Any]) -> None:
+        self.optimizer = optimizer
+        self.rng = rng
+
+    @classmethod
+    def take(cls, optimizer: torch.optim.Optimizer | None) -> _Before:
+        stateless = optimizer is not None and not optimizer.state
+        return cls(optimizer if stateless else None, staging.rng_state())
+
+    def put_back(self) -> None:
+        if self.optimizer is not None:
+            self.optimizer.state.clear()
+        staging.set_rng_state(self.rng)
+
+
 class Restoring(CheckpointerCore):
     """The restoring half of the ``Checkpointer``."""
 
     def restore(self) -> int:
-        """Load the newest intact committed checkpoint of this run; returns its step (0: none)."""
+        """Load the newest intact committed checkpoint of this run; returns its step (0: none,
+        and then the model, the optimizer and the RNG states are as they were before: a fresh
+        start, bitwise, whatever reading the state on the way made)."""
+        before = _Before.take(self.optimizer)
+        step = self._restore()
+        if step == 0:
+            before.put_back()
+        return step
+
+    def _restore(self) -> int:
         t0 = time.monotonic()
         if self.rank == 0:
             for entry, step in layout.uncommitted_steps(self.run_dir):  # a commit is renamed in whole

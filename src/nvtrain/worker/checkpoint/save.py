@@ -21,7 +21,7 @@ import os
 import shutil
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
@@ -36,7 +36,8 @@ from nvtrain.events.records import (
     CheckpointSettled,
     CheckpointStaged,
 )
-from nvtrain.worker.checkpoint import layout, staging
+from nvtrain.private import NotPrivate
+from nvtrain.worker.checkpoint import layout, runfolder, staging
 from nvtrain.worker.checkpoint.core import CheckpointerCore, _Save
 from nvtrain.worker.checkpoint.failures import Failure, WatchedFileSystem, dropped, failure
 from nvtrain.worker.hostcopy import HostCopy, Unsupported, in_background
@@ -49,8 +50,27 @@ _PLACING = threading.Lock()
 in-process restart) and the new attempt's may meet on the same step."""
 
 
+class _Refused(WatchedFileSystem):
+    """torch's file system for a save into a run folder that failed ``runfolder.check_run_dir``:
+    every write fails with that error, so the save fails on every rank together and nothing is
+    written at that path."""
+
+    def __init__(self, errors: list[OSError], refusal: NotPrivate) -> None:
+        super().__init__(errors)
+        self.refusal = refusal
+
+    def mkdir(self, path: str | os.PathLike[str]) -> None:
+        raise self.refusal
+
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> NoReturn:
+        raise self.refusal
+
+
 class Saving(CheckpointerCore):
     """The saving half of the ``Checkpointer``."""
+
+    _run_dir_seen: tuple[int, int] | None = None
+    """The run folder's ``(st_dev, st_ino)`` when a save last checked it (``runfolder.check_run_dir``)."""
 
     def due(self, step: int) -> bool:
         return step % self.policy.interval == 0 and step != self.last_saved
@@ -77,8 +97,13 @@ class Saving(CheckpointerCore):
         # A storage error here is kept for wait(): this rank still takes part in the save's
         # collectives (torch's fail on every rank together), and the save is then dropped.
         failed: OSError | None = None
+        refused: NotPrivate | None = None
         try:
+            self._run_dir_seen = runfolder.check_run_dir(self.run_dir, self._run_dir_seen)
             folder.mkdir(parents=True, exist_ok=True)
+            self._run_dir_seen = self._run_dir_seen or runfolder.check_run_dir(self.run_dir, None)
+        except NotPrivate as exc:
+            failed = refused = exc
         except OSError as exc:
             failed = exc
         self._emit(CheckpointBegin(step=step, waited_for_previous_s=round(waited, 6)))
@@ -100,7 +125,7 @@ class Saving(CheckpointerCore):
             self._prepare_host_copy(state)
         io_errors: list[OSError] = []
         writer = FileSystemWriter(str(folder), thread_count=self.write_threads)
-        writer.fs = WatchedFileSystem(io_errors)
+        writer.fs = WatchedFileSystem(io_errors) if refused is None else _Refused(io_errors, refused)
         if self.policy.async_:
             response = dcp_async_save(
                 state,
@@ -266,6 +291,9 @@ class Saving(CheckpointerCore):
             save.done.set()
 
     def _write_manifest(self, save: _Save) -> None:
+        # The run folder is checked again after torch's writes: one swapped meanwhile gets no
+        # manifest and no commit (``NotPrivate``: the save is dropped, nothing removed there).
+        runfolder.check_run_dir(self.run_dir, self._run_dir_seen)
         layout.write_manifest(save.folder, self.rank, self.write_threads)
         if save.held is not None and save.held.state is not None and self.host is None:
             staging.hold(self.run_dir, save.held)
@@ -283,6 +311,7 @@ class Saving(CheckpointerCore):
                 )
             time.sleep(pause)
             pause = min(0.05, pause * 1.5)
+        runfolder.check_run_dir(self.run_dir, self._run_dir_seen)
         files = layout.write_committed(save.folder, step=save.step, world=self.world, token=save.token)
         final = layout.step_dir(self.run_dir, save.step)
         with _PLACING:
@@ -356,7 +385,8 @@ class Saving(CheckpointerCore):
             self.host.forget(save.step)
         if self.rank != 0:
             return
-        shutil.rmtree(save.folder, ignore_errors=True)  # nobody writes to it any more
+        if not isinstance(save.error, NotPrivate):  # (never in a folder that is not the run's)
+            shutil.rmtree(save.folder, ignore_errors=True)  # nobody writes to it any more
         event, line = dropped(
             save.step, str(save.folder), failures, self.failed_in_a_row, self.newest_committed
         )
