@@ -30,6 +30,7 @@ import pytest
 
 from support.forgery import Marker, forge_copy, pickled
 from support.proc_helpers import NvtrainRunner, Running, make_policy, read_events, write_policy
+from support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.slow,
@@ -192,7 +193,8 @@ def test_a_forged_host_copy_is_refused_after_a_sigkill(
     marker = tmp_path / "forged-pickle-ran"
     forged = pickled({"skeleton": Marker(marker), "extra": Marker(marker)})  # made before the run
     run = nvtrain.start("--run-id", run_id, str(_policy(tmp_path, warm)))
-    copies = _host_copies(run, run_id)
+    # the folder's name ends in a random part: found once the launcher has made it
+    copies = wait_until(lambda: (c := _host_copies(run, run_id)).is_dir() and c, 120, "the host-copy folder")
 
     step, workers = _stop_at_sealed_step(run, run_dir, copies, warm)
     headers = [_header(copies, rank, step) for rank in (0, 1)]
