@@ -29,6 +29,7 @@ import psutil
 import pytest
 
 from nvtrain.launcher.plan import LAUNCHER_MODULE
+from support.otheruser import skip_unless_nobody_can_import
 from support.proc_helpers import BIN, NvtrainRunner, Running, _not_here, make_policy, write_policy
 from support.waiting import wait_until
 
@@ -109,6 +110,7 @@ def test_another_user_cannot_run_code_through_the_store(runner: NvtrainRunner, t
         _not_here("acting as another user (nobody) needs root")
     if shutil.which("setpriv") is None:
         _not_here("needs setpriv (util-linux) to act as another user")
+    skip_unless_nobody_can_import("torch")  # the attacker's TCPStore client is this Python's torch
     run, said, port = _start(runner, tmp_path)
     marker = tmp_path / "pwned"
     attack = subprocess.run(

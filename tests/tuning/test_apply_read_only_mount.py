@@ -18,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from nvtrain.cli import app
+from support.otheruser import skip_unless_nobody_can_import
 
 NOBODY = 65534
 TIMINGS = ["--step-time", "1s", "--save-block", "1s", "--save-write", "10s", "--mtbf", "8h"]
@@ -84,6 +85,7 @@ def folder_of_roots() -> Iterator[Path]:
 
 
 def test_apply_without_permission_on_the_folder_says_so(folder_of_roots: Path) -> None:
+    skip_unless_nobody_can_import("nvtrain.cli")
     path = folder_of_roots / "p.toml"
     argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable]
     argv += ["-m", "nvtrain", "tune-interval", *TIMINGS, "--apply", str(path)]

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from support.otheruser import skip_unless_nobody_can_import
+
 ROOT = Path(__file__).resolve().parents[2]
 CPU_LOG = ROOT / "tests/tuning/data/cpu-demo-events.jsonl"
 FIX = "  fix: give a run directory (<checkpoint dir>/<run id>) or one of the events-node<N>.jsonl files in it"
@@ -74,6 +76,8 @@ def test_an_unreadable_log_says_so() -> None:
         log.chmod(0)
         if os.geteuid() == 0 and shutil.which("setpriv") is None:
             pytest.skip("needs setpriv (util-linux) to read as another user")
+        if os.geteuid() == 0:
+            skip_unless_nobody_can_import("nvtrain.cli")
 
         def as_reader(*argv: str) -> subprocess.CompletedProcess[str]:
             if os.geteuid() != 0:
