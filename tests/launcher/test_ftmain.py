@@ -1,4 +1,4 @@
-"""``nvtrain.launcher.ftmain``: ft_launcher with its fixed waits shortened.
+"""``nvtrain.nvrx.ftmain``: ft_launcher with its fixed waits shortened.
 
 Real child processes and process groups; the NVRx 0.4.1 of CI for what ``tune`` changes there.
 The changes for NVRx 0.6 and later are checked where such an NVRx is installed (the GPU image;
@@ -17,7 +17,7 @@ import types
 
 import pytest
 
-from nvtrain.launcher import ftmain
+from nvtrain.nvrx import ftmain
 from nvtrain.nvrx import NvrxVersion, installed_nvrx
 
 _EXIT_ON_LINE = "import sys; sys.stdin.readline()"
@@ -136,10 +136,10 @@ def test_nvrx_0_6_and_later_get_every_change() -> None:
 
 def test_ftmain_refuses_another_module_name() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "nvtrain.launcher.ftmain", "os", "--help"],
+        [sys.executable, "-m", "nvtrain.nvrx.ftmain", "os", "--help"],
         capture_output=True,
         text=True,
         timeout=60,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
-    assert done.returncode == 1 and "usage: python -m nvtrain.launcher.ftmain" in done.stderr
+    assert done.returncode == 1 and "usage: python -m nvtrain.nvrx.ftmain" in done.stderr

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from nvtrain.launcher import ftmain
+from nvtrain.nvrx import ftmain
 from nvtrain.launcher.plan import ENTRY, ZYGOTE_CLIENT
 
 OPTIONS = ["--nnodes=1:1", "--workers-stop-timeout=5", "--tee=3"]

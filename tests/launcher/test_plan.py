@@ -146,7 +146,7 @@ def plan_for(
 STANDALONE_HEAD = [
     "python3",
     "-m",
-    "nvtrain.launcher.ftmain",  # ft_launcher, its fixed waits shortened (nvtrain.launcher.ftmain)
+    "nvtrain.nvrx.ftmain",  # ft_launcher, its fixed waits shortened (nvtrain.nvrx.ftmain)
     "nvidia_resiliency_ext.fault_tolerance.launcher",
     "--nnodes=1:1",
     "--nproc-per-node=2",
@@ -228,7 +228,7 @@ def test_multinode_node0_nvrx_0_4_hosts_the_store() -> None:
     assert plan.argv == [
         "python3",
         "-m",
-        "nvtrain.launcher.ftmain",
+        "nvtrain.nvrx.ftmain",
         "nvidia_resiliency_ext.fault_tolerance.launcher",
         "--nnodes=3:4",
         "--nproc-per-node=8",
@@ -267,7 +267,7 @@ def test_multinode_node2_nvrx_0_6_and_later(nvrx: NvrxVersion) -> None:
     assert plan.argv == [
         "python3",
         "-m",
-        "nvtrain.launcher.ftmain",
+        "nvtrain.nvrx.ftmain",
         "nvidia_resiliency_ext.fault_tolerance.launcher",
         "--nnodes=3:4",
         "--nproc-per-node=8",
@@ -400,7 +400,7 @@ def test_shell_line_quotes_and_puts_env_first() -> None:
     line = plan.shell()
     assert line.startswith(f"GROUP_RANK=0 NCCL_NVLS_ENABLE=0 NVTRAIN_EVENTS={EVENTS_PATH} ")
     assert line.endswith("train.py --name 'two words'")
-    assert f"python3 -m nvtrain.launcher.ftmain {LAUNCHER_MODULE} --nnodes=1:1" in line
+    assert f"python3 -m nvtrain.nvrx.ftmain {LAUNCHER_MODULE} --nnodes=1:1" in line
 
 
 # -- [rendezvous] store = "control": the store in a pod of its own ------------------------------

@@ -58,7 +58,7 @@ def test_job_args_and_arguments_after_the_policy_reach_the_script(
 def test_an_error_of_ft_launchers_parser_is_exit_2_with_its_message(tmp_path: Path) -> None:
     # What nvtrain's own options can no longer cause, an NVRx that lacks an option can: its
     # parser's error is exit 2 (argparse's), with one line instead of ft_launcher's usage.
-    argv = [sys.executable, "-m", "nvtrain.launcher.ftmain", LAUNCHER_MODULE, "--no-such-option=1"]
+    argv = [sys.executable, "-m", "nvtrain.nvrx.ftmain", LAUNCHER_MODULE, "--no-such-option=1"]
     argv += ["-m", "nvtrain.entry", NOOP, "--workers", "4"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False)
     assert done.returncode == 2, done.stderr

@@ -89,7 +89,7 @@ def test_unknown_key_is_a_bad_policy(nvtrain: NvtrainRunner, tmp_path: Path) -> 
 def _check_dry_run(run_stdout: str, run_id: str, port: int) -> list[str]:
     plan = json.loads(run_stdout)
     argv = plan["argv"]
-    assert argv[:4] == [sys.executable, "-m", "nvtrain.launcher.ftmain", LAUNCHER_MODULE]
+    assert argv[:4] == [sys.executable, "-m", "nvtrain.nvrx.ftmain", LAUNCHER_MODULE]
     assert f"--rdzv-endpoint=127.0.0.1:{port}" in argv
     assert f"--rdzv-id={run_id}" in argv
     assert plan["env"]["NVTRAIN_RUN_ID"] == run_id

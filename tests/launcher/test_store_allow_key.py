@@ -26,7 +26,7 @@ import pytest
 from pydantic import ValidationError
 from test_plan import multinode_policy, node_identity, plan_for
 
-from nvtrain.launcher import storeguard
+from nvtrain.nvrx import storeguard
 from nvtrain.nvrx import NvrxVersion
 
 NVRX_04 = NvrxVersion.parse("0.4.1")
@@ -81,7 +81,7 @@ def test_the_guarded_rendezvous_reads_its_state_and_refuses_code(tmp_path: Path)
 
 def test_a_bad_allow_list_ends_ft_launcher_with_a_line_that_names_it() -> None:
     pytest.importorskip("torch")
-    code = "from nvtrain.launcher import storeguard; storeguard.install()"
+    code = "from nvtrain.nvrx import storeguard; storeguard.install()"
     env = {**os.environ, storeguard.ALLOW_ENV: "10.0.0.1 no-such-host.invalid"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2, done.stderr

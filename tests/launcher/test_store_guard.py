@@ -191,7 +191,7 @@ def namespaces() -> Iterator[tuple[str, str]]:
 SERVE = """
 import datetime, ipaddress, sys
 from torch.distributed import TCPStore
-from nvtrain.launcher.storeguard import listening_socket
+from nvtrain.nvrx.storeguard import listening_socket
 sock = listening_socket("10.213.7.1", int(sys.argv[1]), [ipaddress.IPv4Network("10.213.7.2/32")])
 store = TCPStore("10.213.7.1", int(sys.argv[1]), is_master=True, master_listen_fd=sock.detach(),
                  timeout=datetime.timedelta(seconds=30), wait_for_workers=False)

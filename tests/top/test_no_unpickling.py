@@ -22,7 +22,7 @@ ALLOWED_UNPICKLERS = {
     "nvtrain/worker/plain.py",
     # The rendezvous state NVRx and torch unpickle from the store: admits only that state's own
     # classes, so a peer that writes the key runs nothing (tests/launcher/test_store_guard.py)
-    "nvtrain/launcher/storeguard.py",
+    "nvtrain/nvrx/storeguard.py",
 }
 
 

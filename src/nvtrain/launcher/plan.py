@@ -1,6 +1,6 @@
 """The launch plan: ft_launcher's argv and environment, built from the policy by one pure function.
 
-``nvtrain run --dry-run`` prints it. Version differences live here and in ``nvtrain.nvrx``:
+``nvtrain run --dry-run`` prints it. Version differences live here and in ``nvtrain.nvrx`` (the boundary):
 NVRx 0.4 takes ``--ft-restart-policy`` and watches NICs unless told not to; 0.6+ has no restart
 policy option, checks NIC link state and reclaims GPU memory before a restart unless told not to.
 
@@ -25,10 +25,11 @@ from pathlib import Path
 from nvtrain.config.schema import Heartbeat, Job, Policy
 from nvtrain.entry import USER_TMPDIR_ENV
 from nvtrain.launcher.dns import store_name
-from nvtrain.launcher.ftmain import ENTRY_MODULES
 from nvtrain.launcher.identity import Identity
-from nvtrain.launcher.storeguard import ALLOW_ENV as STORE_ALLOW_ENV
 from nvtrain.nvrx import NvrxVersion
+from nvtrain.nvrx.ftmain import ENTRY_MODULES
+from nvtrain.nvrx.ftmain import LAUNCHER as LAUNCHER_MODULE
+from nvtrain.nvrx.storeguard import ALLOW_ENV as STORE_ALLOW_ENV
 from nvtrain.private import RUN_KEY_ENV
 
 __all__ = [
@@ -45,8 +46,7 @@ __all__ = [
 FT_CONFIG_NAME = "ft_config.yaml"
 """NVRx's fault-tolerance config in the run's state folder (``--ft-cfg-path``)."""
 
-LAUNCHER_MODULE = "nvidia_resiliency_ext.fault_tolerance.launcher"
-FTMAIN = "nvtrain.launcher.ftmain"
+FTMAIN = "nvtrain.nvrx.ftmain"
 """Runs ft_launcher (``LAUNCHER_MODULE``, its next word) with its fixed waits shortened."""
 MONITOR_INTERVAL = 0.1
 """ft_launcher's ``--monitor-interval``, torchrun's default: how often it looks at its workers
@@ -276,7 +276,7 @@ def build_plan(
         env["NVTRAIN_ZYGOTE"] = zygote_path
     if run_key_path:
         env[RUN_KEY_ENV] = run_key_path
-    if is_host and r.store_allow:  # who may reach the store (nvtrain.launcher.storeguard)
+    if is_host and r.store_allow:  # who may reach the store (nvtrain.nvrx.storeguard)
         env[STORE_ALLOW_ENV] = " ".join(r.store_allow)
     if launcher_tmp:
         env["TMPDIR"] = launcher_tmp

@@ -62,7 +62,7 @@ from nvtrain.events.records import (
     WorkerStart,
     WorkerStopped,
 )
-from nvtrain.launcher.ftmain import USAGE_ERROR
+from nvtrain.nvrx.ftmain import USAGE_ERROR
 from nvtrain.launcher.logwatch import (
     RENDEZVOUS_TIMEOUT,
     PlainTraceback,

@@ -253,7 +253,7 @@ _INTERRUPTIONS: dict[str, Cause] = {
     "unresponsive": "hang",
     "terminated": "signal",
 }
-"""An in-process restart's cause (``worker.restart.restart_cause``: NVRx's interruption, in
+"""An in-process restart's cause (``nvrx.messages.restart_cause``: NVRx's interruption, in
 words, ``peer `` in front on the ranks that only saw it) to its cause."""
 OOM_EXIT = 137
 """Exit status of a worker ended by an out-of-memory kill when a shell or a container runtime

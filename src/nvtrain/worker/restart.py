@@ -15,7 +15,6 @@ import contextlib
 import datetime
 import inspect
 import os
-import re
 import signal
 import socket
 import threading
@@ -41,6 +40,7 @@ from nvtrain.events.records import (
     WorkerStopped,
     WorkerThreadError,
 )
+from nvtrain.nvrx.messages import from_nvrx, gave_up_reason, restart_cause
 from nvtrain.worker import inprocess_end, stopping
 from nvtrain.worker.context import Context
 from nvtrain.worker.faults import FaultInjector
@@ -195,26 +195,6 @@ def stop_limit(policy: Policy, events_path: Path | None) -> float:
     return settle_limit(policy)
 
 
-def restart_cause(fn_exception: BaseException | None, interrupted: list[str]) -> tuple[str, str]:
-    """Why an in-process restart happened, as ``(cause, detail)``: the cause is short and from
-    a small set (a metrics label), the detail the exception or NVRx's interruption message.
-
-    ``fn_exception`` is what this rank's training function raised (None on the healthy ranks
-    and on a hang); ``interrupted`` holds NVRx's message, e.g. ``Interruption.SOFT_TIMEOUT on
-    ranks={0}``."""
-    if fn_exception is not None:
-        return f"exception ({type(fn_exception).__name__})", repr(fn_exception)[:300]
-    message = interrupted[0] if interrupted else ""
-    kinds = re.findall(r"Interruption\.(\w+)", message)
-    if not kinds:
-        return "in-process restart", message[:300]
-    kind = kinds[0].lower().replace("_", " ")
-    ranks = {int(r) for r in re.findall(r"\d+", message.partition("ranks")[2].partition("}")[0])}
-    own = int(os.environ.get("RANK", "-1"))
-    where = "" if not ranks or own in ranks else "peer "
-    return f"{where}{kind}", message[:300]
-
-
 def run(main: Main) -> Any:
     """Run ``main(ctx)`` with the recovery layers the policy asks for; returns its result."""
     settings = load_settings()
@@ -275,7 +255,7 @@ def _end(exc: BaseException, rank: int, events: EventLog | None, policy: Policy)
     if signum is not None:
         # Whatever ends the way out (NVRx may turn it into its own exception), a stop is a stop.
         stopping.exit_now(signum)
-    reason = _gave_up(exc)
+    reason = gave_up_reason(exc)
     if reason is None:
         return
     # The in-process layer gave up (a peer died and the world fell below min_world_size, or
@@ -298,21 +278,6 @@ def _end(exc: BaseException, rank: int, events: EventLog | None, policy: Policy)
     stopping.exit_with(1)
 
 
-def _gave_up(exc: BaseException) -> str | None:
-    """Why NVRx's in-process layer ended the wrapped function for good (``RestartAbort``), or
-    None for any other exception."""
-    if type(exc).__name__ != "RestartAbort" or not type(exc).__module__.startswith("nvidia_resiliency_ext"):
-        return None
-    text = str(exc)
-    size = re.search(r"state\.world_size=(\d+) self\.min_world_size=(\d+)", text)
-    if size and int(size.group(1)) < int(size.group(2)):
-        return f"{size.group(1)} rank(s) left, [restart.in_process] min_world_size = {size.group(2)}"
-    attempts = re.search(r"state\.iteration=(\d+) self\.max_iterations=(\d+)", text)
-    if attempts and int(attempts.group(1)) >= int(attempts.group(2)):
-        return f"[restart.in_process] max_attempts = {attempts.group(2)} used"
-    return text[:300]
-
-
 def _report_helper_thread_errors(events: EventLog | None, rank: int) -> None:
     """An NVRx helper thread that dies (its store's host, rank 0, was killed by a hard fault and
     the next restart is under way) becomes one ``worker_thread_error`` event, not a traceback in
@@ -321,7 +286,7 @@ def _report_helper_thread_errors(events: EventLog | None, rank: int) -> None:
 
     def hook(args: threading.ExceptHookArgs) -> None:
         thread = args.thread
-        if thread is None or not type(thread).__module__.startswith("nvidia_resiliency_ext"):
+        if thread is None or not from_nvrx(thread):
             previous(args)
             return
         if events is not None:
@@ -356,7 +321,9 @@ def _run_in_process(
             if ctx is not None:
                 ctx.abort()
             if events is not None:
-                cause, detail = restart_cause(getattr(state, "fn_exception", None), interrupted)
+                cause, detail = restart_cause(
+                    getattr(state, "fn_exception", None), interrupted, int(os.environ.get("RANK", "-1"))
+                )
                 events.emit(
                     RestartBegin(
                         layer="in_process",

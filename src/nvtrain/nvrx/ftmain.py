@@ -1,5 +1,5 @@
 """ft_launcher as ``nvtrain run`` starts it:
-``python -m nvtrain.launcher.ftmain nvidia_resiliency_ext.fault_tolerance.launcher ARGS``.
+``python -m nvtrain.nvrx.ftmain nvidia_resiliency_ext.fault_tolerance.launcher ARGS``.
 
 The same program as ``python -m nvidia_resiliency_ext.fault_tolerance.launcher ARGS`` (NVRx's
 own module and ``main()``, same arguments, same exit codes), with three fixed waits of the
@@ -26,7 +26,7 @@ the exact function it expects, and leaves NVRx as it is otherwise (``tune`` says
   skipped.
 
 ``NVTRAIN_FT_TUNING=off`` in ``nvtrain run``'s environment runs ft_launcher untouched, but for
-the rendezvous store's guards (``nvtrain.launcher.storeguard``: where it listens, who may reach
+the rendezvous store's guards (``nvtrain.nvrx.storeguard``: where it listens, who may reach
 it, what of it is unpickled), which are made in every case.
 
 **The script's arguments never reach ft_launcher's parser** (every version, tuned or not). Its
@@ -323,7 +323,7 @@ TUNING_ENV = "NVTRAIN_FT_TUNING"
 
 def main() -> None:
     if len(sys.argv) < 2 or sys.argv[1] != LAUNCHER:
-        sys.exit(f"usage: python -m nvtrain.launcher.ftmain {LAUNCHER} [ft_launcher's arguments]")
+        sys.exit(f"usage: python -m nvtrain.nvrx.ftmain {LAUNCHER} [ft_launcher's arguments]")
     launcher = importlib.import_module(LAUNCHER)
     argv, script_args = split_script_args(sys.argv[2:])
     parse = getattr(launcher, "parse_args", None)
@@ -331,8 +331,8 @@ def main() -> None:
         launcher.parse_args = _with_script_args(parse, script_args)  # type: ignore[attr-defined]
     else:  # no parser to wrap: ft_launcher reads the whole command line, as shipped
         argv, script_args = [*argv, *script_args], []
-    # The store's guards (nvtrain.launcher.storeguard) are made tuned or not: they are security.
-    from nvtrain.launcher import storeguard
+    # The store's guards (nvtrain.nvrx.storeguard) are made tuned or not: they are security.
+    from nvtrain.nvrx import storeguard
 
     guarded = storeguard.install(log=_log)
     _log(f"nvtrain ftmain: {'; '.join(guarded) or 'store as shipped (no guard applies to this NVRx)'}")

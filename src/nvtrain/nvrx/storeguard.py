@@ -1,6 +1,6 @@
 """The rendezvous store inside ft_launcher: where it listens, who may reach it, what it unpickles.
 
-``nvtrain.launcher.ftmain`` calls :func:`install` before ft_launcher starts (tuned or not). Each
+``nvtrain.nvrx.ftmain`` calls :func:`install` before ft_launcher starts (tuned or not). Each
 change wraps one name of torch or NVRx and is made only where the module has the exact name it
 expects; :func:`install` says what it did, for the launcher's log.
 
