@@ -27,7 +27,7 @@ def test_help() -> None:
     assert (
         listed
         == list(COMMANDS)
-        == ["run", "validate", "schema", "tune-interval", "init", "manifest", "report", "control"]
+        == ["run", "validate", "schema", "tune-interval", "init", "manifest", "report", "control", "env"]
     )
     assert "  validate       Check a policy: every problem at once" in result.stdout
     assert "--version" in result.stdout
@@ -81,6 +81,7 @@ COMMAND_HELP = {
     "manifest": ("Render the Kubernetes objects of POLICY as YAML", []),
     "report": ("Report a run from its events log", []),
     "control": ("Host the job's rendezvous store in this pod", ["--dry-run"]),
+    "env": ("Show the versions of nvtrain, Python, torch, NVRx and the frameworks", ["--json", "--no-torch"]),
 }
 
 

@@ -88,3 +88,14 @@ def test_in_process_restart_off_is_one_line(tmp_path: Path) -> None:
     result = _dry_run(tmp_path, "[restart.in_process]\nenabled = false\n")
     assert "in-process restart (NVRx Wrapper): off ([restart.in_process] enabled = false)" in result.stderr
     assert "soft_timeout =" not in result.stderr
+
+
+def test_a_plain_script_gets_no_in_process_section(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A torchrun script that never imports nvtrain: the workers never build a Wrapper.
+    (tmp_path / "train.py").write_text("import torch.distributed as dist\ndist.init_process_group()\n")
+    monkeypatch.chdir(tmp_path)
+    result = _dry_run(tmp_path)
+    assert "in-process restart (NVRx Wrapper): off (the script does not use nvtrain's worker library" in (
+        result.stderr
+    )
+    assert "soft_timeout" not in result.stderr

@@ -273,7 +273,7 @@ def test_an_evaluation_between_steps_is_part_of_the_longest_gap(tmp_path: Path) 
             "timeout-margin",
             "[heartbeat] timeout",
             9,
-            '"1m20s"',
+            '"80s"',
             "leaves less than 1.5x margin over the longest measured step plus evaluation (1m: median "
             "step 10s + longest eval 50s)",
             'raise it to at least "1m30s"',

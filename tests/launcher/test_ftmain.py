@@ -17,8 +17,7 @@ import types
 
 import pytest
 
-from nvtrain.nvrx import ftmain
-from nvtrain.nvrx import NvrxVersion, installed_nvrx
+from nvtrain.nvrx import NvrxVersion, ftmain, installed_nvrx
 
 _EXIT_ON_LINE = "import sys; sys.stdin.readline()"
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from nvtrain.nvrx import ftmain
 from nvtrain.launcher.plan import ENTRY, ZYGOTE_CLIENT
+from nvtrain.nvrx import ftmain
 
 OPTIONS = ["--nnodes=1:1", "--workers-stop-timeout=5", "--tee=3"]
 

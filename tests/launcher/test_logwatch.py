@@ -244,6 +244,19 @@ def test_the_launchers_lines_are_told_from_the_workers(log: Path) -> None:
     assert len(warnings) == len([line for line in shown_launcher if _message(line) in warnings])
 
 
+def test_torchs_records_whatever_folder_names_their_file() -> None:
+    # torch names its file relative to the first sys.path entry that holds it: the launcher's
+    # working folder when the venv lies below it (NVRx 0.7.0, recorded: tests/nvrx/recorded/).
+    sorter = LogSorter()
+    line = (
+        "W1208 01:36:18.652000 3990 .venv/lib/python3.11/site-packages/torch/distributed/elastic/"
+        "multiprocessing/api.py:1028] Sending process 4000 closing signal SIGTERM\n"
+    )
+    assert sorter.sort(line) == (True, True)  # the launcher's warning, shown once
+    assert sorter.sort(line) == (True, False)
+    assert sorter.sort("WORKER start rank=0 pid=3975 restart=0 world=2\n") == (False, True)
+
+
 def _message(line: str) -> str:
     """A log line without its date, level and logger (the pid of its writer)."""
     return re.sub(r"^.*?(\] |launcher\.py:\d+ |\.py:\d+\] )", "", line.split("] [", 3)[-1])

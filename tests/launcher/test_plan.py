@@ -207,6 +207,7 @@ def test_standalone_nvrx_0_6_and_later(nvrx: NvrxVersion) -> None:
         *STANDALONE_TIMINGS,
         "--ft-enable-nic-healthcheck=false",
         "--ft-gpu-memory-reclaim-timeout=0",
+        "--ft-max-no-progress-cycles=0",  # nvtrain keeps no iteration file for the tracker
         "-m",
         "nvtrain.entry",
         "train.py",
@@ -287,6 +288,7 @@ def test_multinode_node2_nvrx_0_6_and_later(nvrx: NvrxVersion) -> None:
         # InfiniBand and a GPU: NIC health check and GPU memory reclaim stay on, the reclaim
         # looked at every 50 ms instead of NVRx's 2 s
         "--ft-gpu-memory-poll-interval=0.05",
+        "--ft-max-no-progress-cycles=0",
         "-m",
         "nvtrain.entry",
         "-m",
@@ -342,6 +344,11 @@ def test_a_pod_without_pod_ip_publishes_its_own_stable_name(nvrx: NvrxVersion) -
     assert own.split(".", 1)[1] == pod0.split(".", 1)[1]  # same Service, namespace and domain
 
 
+OFF = "--ft-max-no-progress-cycles=0"
+"""NVRx 0.6+'s progress tracker, off on every node: it needs an iteration file nvtrain does not
+keep, and without one it only warns at each restart that it is inactive."""
+
+
 @pytest.mark.parametrize(
     ("nvrx", "has_ib", "has_gpu", "expected"),
     [
@@ -349,10 +356,10 @@ def test_a_pod_without_pod_ip_publishes_its_own_stable_name(nvrx: NvrxVersion) -
         (V041, False, True, ["--ft-restart-policy=any-failed", "--ft-enable-nic-monitor=false"]),
         (V041, True, False, ["--ft-restart-policy=any-failed"]),
         (V041, True, True, ["--ft-restart-policy=any-failed"]),
-        (V060, False, False, ["--ft-enable-nic-healthcheck=false", "--ft-gpu-memory-reclaim-timeout=0"]),
-        (V060, True, False, ["--ft-gpu-memory-reclaim-timeout=0"]),
-        (V060, False, True, ["--ft-enable-nic-healthcheck=false", "--ft-gpu-memory-poll-interval=0.05"]),
-        (V070, True, True, ["--ft-gpu-memory-poll-interval=0.05"]),
+        (V060, False, False, ["--ft-enable-nic-healthcheck=false", "--ft-gpu-memory-reclaim-timeout=0", OFF]),
+        (V060, True, False, ["--ft-gpu-memory-reclaim-timeout=0", OFF]),
+        (V060, False, True, ["--ft-enable-nic-healthcheck=false", "--ft-gpu-memory-poll-interval=0.05", OFF]),
+        (V070, True, True, ["--ft-gpu-memory-poll-interval=0.05", OFF]),
     ],
 )
 def test_hardware_dependent_flags(
@@ -716,7 +723,14 @@ def _env_defaults(policy: Policy, tmp_path: Path) -> dict[str, str]:
     return prepare(policy, standalone_identity(), nvrx=V041, python="python3")[0].env_defaults
 
 
+QUIET = {
+    # torch's pynvml FutureWarning, ignored by message, category and module in every process
+    "PYTHONWARNINGS": "ignore:The pynvml package is deprecated:FutureWarning:torch.cuda",
+    "OMP_NUM_THREADS": "1",  # torchrun's value for 2 workers a node, without ft_launcher's banner
+}
+"""In every plan of 2 workers a node, whatever the script and layers."""
 NCCL_AND_LOG = {
+    **QUIET,
     "TORCH_CPP_LOG_LEVEL": "ERROR",
     "TORCH_NCCL_RETHROW_CUDA_ERRORS": "0",
     "NCCL_NVLS_ENABLE": "0",
@@ -743,7 +757,7 @@ def test_env_defaults_only_for_the_worker_library_with_in_process(
         update={"checkpoint": standalone_policy().checkpoint.model_copy(update={"dir": str(tmp_path)})}
     )
     assert uses_worker_library(policy.job) is uses
-    assert _env_defaults(policy, tmp_path) == (NCCL_AND_LOG if uses else {})
+    assert _env_defaults(policy, tmp_path) == (NCCL_AND_LOG if uses else QUIET)
     # In-process restart off: nothing, whatever the script.
     off = policy.model_copy(
         update={
@@ -752,7 +766,7 @@ def test_env_defaults_only_for_the_worker_library_with_in_process(
             )
         }
     )
-    assert _env_defaults(off, tmp_path) == {}
+    assert _env_defaults(off, tmp_path) == QUIET
 
 
 def test_a_missing_script_counts_as_using_the_worker_library(tmp_path: Path) -> None:
@@ -811,3 +825,19 @@ def test_prepare_hands_the_workers_the_run_key_and_ft_launcher_a_private_tmpdir(
     assert launcher_tmpdir(long_state) != beside  # a random name: nothing to pre-create
     deep = Path("/" + "d" * 70) / "nvtrain-r-node0-1"
     assert launcher_tmpdir(deep).parent == Path("/tmp")
+
+
+@pytest.mark.parametrize(("nproc", "omp"), [(1, None), (2, "1"), (8, "1"), ("gpu", None), ("cpu", None)])
+def test_omp_threads_default_as_torchrun_for_several_workers(nproc: int | str, omp: str | None) -> None:
+    """torchrun's ``OMP_NUM_THREADS=1`` for several workers a node, given by the plan so that
+    ft_launcher prints no banner; a count known only at launch (``gpu``, ``cpu``) is left to it."""
+    plan = plan_for(standalone_policy(nproc_per_node=nproc), standalone_identity(), V070)
+    assert plan.env_defaults.get("OMP_NUM_THREADS") == omp
+    assert plan.env_defaults["PYTHONWARNINGS"] == QUIET["PYTHONWARNINGS"]  # every plan
+    assert "OMP_NUM_THREADS" not in plan.env and "PYTHONWARNINGS" not in plan.env  # the pod's own wins
+
+
+@pytest.mark.parametrize("nvrx", [V041, V060, V070], ids=str)
+def test_progress_tracker_off_where_nvrx_has_one(nvrx: NvrxVersion) -> None:
+    argv = plan_for(standalone_policy(), standalone_identity(), nvrx).argv
+    assert (OFF in argv) is nvrx.barrier_rendezvous  # 0.6+ only: 0.4 has no such option

@@ -1,8 +1,8 @@
 """``[rendezvous] store_allow`` and the rendezvous state's unpickler, without a run.
 
 - The key takes IPv4 addresses, CIDRs and host names; anything else is a finding that names the
-  key, the entry and an example. Node 0's plan passes the list to ft_launcher
-  (``$NVTRAIN_STORE_ALLOW``), the other nodes' plans do not.
+  key, the entry and an example. Every node's plan passes the list to ft_launcher and its
+  workers (``$NVTRAIN_STORE_ALLOW``).
 - The ``pickle`` that the guarded rendezvous modules see reads a real rendezvous state back and
   refuses one that names ``os.system`` (nothing of it runs); a bad allow-list ends ft_launcher
   with exit 2 and a line that names it.
@@ -13,10 +13,10 @@
 
 from __future__ import annotations
 
-import datetime
 import ipaddress
+import json
 import os
-import pickle
+import re
 import socket
 import subprocess
 import sys
@@ -26,8 +26,7 @@ import pytest
 from pydantic import ValidationError
 from test_plan import multinode_policy, node_identity, plan_for
 
-from nvtrain.nvrx import storeguard
-from nvtrain.nvrx import NvrxVersion
+from nvtrain.nvrx import NvrxVersion, storeguard
 
 NVRX_04 = NvrxVersion.parse("0.4.1")
 
@@ -40,43 +39,69 @@ def test_a_bad_entry_names_the_key_entry_and_an_example(entry: str) -> None:
     assert "store_allow" in text and repr(entry) in text and 'store_allow = ["10.0.0.11"' in text
 
 
-def test_node_0_passes_the_list_to_ft_launcher_and_the_others_do_not() -> None:
+def test_every_node_passes_the_list_on() -> None:
+    # Node 0's ft_launcher guards the rendezvous store with it; every node's workers guard the
+    # stores rank 0 hosts (the node of MASTER_ADDR, not always the store's host).
     policy = multinode_policy(store_allow=["10.0.0.10", "10.0.1.0/24", "node02"])
-    assert plan_for(policy, node_identity(0), NVRX_04).env[storeguard.ALLOW_ENV] == (
-        "10.0.0.10 10.0.1.0/24 node02"
-    )
-    assert storeguard.ALLOW_ENV not in plan_for(policy, node_identity(1), NVRX_04).env
+    for node in (0, 1):
+        assert plan_for(policy, node_identity(node), NVRX_04).env[storeguard.ALLOW_ENV] == (
+            "10.0.0.10 10.0.1.0/24 node02"
+        )
     assert storeguard.ALLOW_ENV not in plan_for(multinode_policy(), node_identity(0), NVRX_04).env
 
 
-class _Payload:
-    def __init__(self, marker: Path) -> None:
+_GUARDED = r"""
+import datetime, json, os, pickle, sys
+
+from nvtrain.nvrx import storeguard
+
+
+class Payload:
+    def __init__(self, marker):
         self.marker = marker
 
-    def __reduce__(self) -> tuple[object, tuple[str]]:
+    def __reduce__(self):
         return (os.system, (f"touch {self.marker}",))
+
+
+said = []
+done = storeguard.install({}, log=said.append)
+import nvidia_resiliency_ext.fault_tolerance._ft_rendezvous as rdzv
+
+state = rdzv._RendezvousState()
+node = rdzv._NodeDesc("10.0.0.10", 4242, 0)
+state.participants[node] = 0
+state.last_heartbeats[node] = datetime.datetime.now()
+state.deadline = datetime.datetime.now()
+back = rdzv.pickle.loads(pickle.dumps(state))
+read_back = back.participants == {node: 0} and back.deadline == state.deadline
+try:
+    rdzv.pickle.loads(pickle.dumps(Payload(sys.argv[1])))
+except storeguard.RendezvousStateRefused as exc:
+    refused = str(exc)
+else:
+    refused = None
+print(json.dumps({"done": done, "read_back": read_back, "refused": refused, "said": said}))
+"""
+"""Installs the guard in a process of its own (it patches the torch and NVRx modules of the
+process it runs in, which must not be pytest's), reads a real rendezvous state back through it,
+then a payload that names ``os.system``; prints what it saw as JSON."""
 
 
 def test_the_guarded_rendezvous_reads_its_state_and_refuses_code(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    said: list[str] = []
-    done = storeguard.install({}, log=said.append)
-    assert any("rendezvous state unpickled allow-listed (NVRx's rendezvous)" in d for d in done), done
-    import nvidia_resiliency_ext.fault_tolerance._ft_rendezvous as rdzv
-
-    state = rdzv._RendezvousState()
-    node = rdzv._NodeDesc("10.0.0.10", 4242, 0)
-    state.participants[node] = 0
-    state.last_heartbeats[node] = datetime.datetime.now()
-    state.deadline = datetime.datetime.now()
-    back = rdzv.pickle.loads(pickle.dumps(state))
-    assert back.participants == {node: 0} and back.deadline == state.deadline
-
     marker = tmp_path / "pwned"
-    with pytest.raises(storeguard.RendezvousStateRefused, match="posix.system|os.system"):
-        rdzv.pickle.loads(pickle.dumps(_Payload(marker)))
+    ran = subprocess.run(
+        [sys.executable, "-c", _GUARDED, str(marker)], capture_output=True, text=True, timeout=120
+    )
+    assert ran.returncode == 0, ran.stderr
+    seen = json.loads(ran.stdout.splitlines()[-1])
+    done = seen["done"]
+    assert any("rendezvous state unpickled allow-listed (NVRx's rendezvous)" in d for d in done), done
+    assert seen["read_back"], seen
+    assert seen["refused"] is not None and re.search("posix.system|os.system", seen["refused"]), seen
     assert not marker.exists()
-    assert any("refused the rendezvous state" in line for line in said), said
+    assert any("refused the rendezvous state" in line for line in seen["said"]), seen
 
 
 def test_a_bad_allow_list_ends_ft_launcher_with_a_line_that_names_it() -> None:
@@ -86,6 +111,33 @@ def test_a_bad_allow_list_ends_ft_launcher_with_a_line_that_names_it() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2, done.stderr
     assert "$NVTRAIN_STORE_ALLOW" in done.stderr and "'no-such-host.invalid'" in done.stderr
+
+
+def test_an_allow_list_that_cannot_be_applied_refuses_to_run() -> None:
+    # An NVRx (or torch) whose c10d backend makes its store some other way: the list cannot be
+    # put on the store's socket, so the launcher must not start with the store open to all.
+    pytest.importorskip("torch")
+    code = (
+        "import importlib\n"
+        "from nvtrain.nvrx import storeguard\n"
+        "for name in storeguard.STORE_MODULES:\n"
+        "    try:\n"
+        "        module = importlib.import_module(name)\n"
+        "    except ImportError:\n"
+        "        continue\n"
+        "    module._create_tcp_store = lambda params, extra=None: None  # another signature\n"
+        "storeguard.install()\n"
+        "print('ran')\n"
+    )
+    env = {**os.environ, storeguard.ALLOW_ENV: "10.0.0.1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "ran" not in done.stdout
+    assert "[rendezvous] store_allow) is set, but this NVRx creates its rendezvous store" in done.stderr
+    # Without a list the same NVRx runs (its store unfiltered, as before).
+    env.pop(storeguard.ALLOW_ENV)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and "ran" in done.stdout, done.stderr
 
 
 def _connects(port: int, timeout: float = 3.0) -> bool:

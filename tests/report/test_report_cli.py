@@ -270,7 +270,8 @@ def test_report_does_not_import_torch(run_dir: Path) -> None:
     assert result == {"codes": [0, 0, 0], "heavy": []}
 
 
-def test_without_matplotlib_the_timeline_names_the_extra(run_dir: Path) -> None:
+def test_without_matplotlib_the_report_is_printed_and_one_line_names_the_extra(run_dir: Path) -> None:
+    asked = run_dir.parent / "asked.png"
     result = run_python(
         f"""
         import json, sys
@@ -279,13 +280,36 @@ def test_without_matplotlib_the_timeline_names_the_extra(run_dir: Path) -> None:
         from nvtrain.cli import app
 
         runner = CliRunner()
-        drawn = runner.invoke(app, ["report", {str(run_dir)!r}])
+        text = runner.invoke(app, ["report", {str(run_dir)!r}])
+        as_json = runner.invoke(app, ["report", {str(run_dir)!r}, "--json"])
         skipped = runner.invoke(app, ["report", {str(run_dir)!r}, "--no-timeline"])
-        print(json.dumps({{"codes": [drawn.exit_code, skipped.exit_code], "err": drawn.stderr}}))
+        asked = runner.invoke(app, ["report", {str(run_dir)!r}, "--timeline", {str(asked)!r}])
+        print(json.dumps({{
+            "codes": [r.exit_code for r in (text, as_json, skipped, asked)],
+            "out": [text.stdout, as_json.stdout],
+            "err": [r.stderr for r in (text, as_json, skipped, asked)],
+        }}))
         """
     )
-    assert result["codes"] == [2, 0]
-    assert "pip install 'nvtrain[report]'" in str(result["err"]).replace("\n", " ")
+    assert result["codes"] == [0, 0, 0, 2]  # only a PNG that was asked for is an error
+    text_out, json_out = result["out"]
+    assert "goodput" in text_out.lower()
+    assert json.loads(json_out)["timeline"] is None
+    text_err, json_err, skipped_err, asked_err = (" ".join(str(e).split()) for e in result["err"])
+    for err in (text_err, json_err):
+        assert err.count("no timeline PNG: matplotlib is not installed") == 1, err
+        assert "pip install 'nvtrain[report]'" in err
+    assert skipped_err == ""
+    assert "pip install 'nvtrain[report]'" in asked_err and not asked.exists()
+
+
+def test_a_timeline_that_cannot_be_written_gets_the_report_and_one_line(run_dir: Path) -> None:
+    # A folder where the PNG would go: the write fails as on a read-only mount, for root too.
+    (run_dir / TIMELINE_FILE).mkdir()
+    result = report(str(run_dir))
+    assert result.exit_code == 0, result.output
+    assert "goodput" in result.stdout.lower()
+    assert "no timeline PNG: cannot write the timeline" in " ".join(result.stderr.split())
 
 
 def test_the_example_in_the_docs_is_what_the_command_prints(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -162,29 +162,37 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 
 
 def start_nvtrain(
-    policy: Path, run_id: str, cwd: Path, out_path: Path, token: str
+    policy: Path, run_id: str, cwd: Path, out_path: Path, token: str, extra_env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
     """Start ``python -m nvtrain run POLICY --run-id ID`` in a session of its own, its output
-    in ``out_path`` and ``token`` in its environment (``kill_token`` finds what it leaves)."""
+    in ``out_path`` and ``token`` in its environment (``kill_token`` finds what it leaves),
+    with ``extra_env`` added to it."""
     argv = [sys.executable, "-m", "nvtrain", "run", str(policy), "--run-id", run_id]
     with out_path.open("wb") as out:
         return subprocess.Popen(
             argv,
             cwd=cwd,
-            env=child_env(token),
+            env=child_env(token, **(extra_env or {})),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 
 
-def run_nvtrain(policy: Path, run_id: str, checkpoint_dir: Path, cwd: Path, timeout: float) -> RunResult:
+def run_nvtrain(
+    policy: Path,
+    run_id: str,
+    checkpoint_dir: Path,
+    cwd: Path,
+    timeout: float,
+    extra_env: dict[str, str] | None = None,
+) -> RunResult:
     """``python -m nvtrain run POLICY --run-id ID`` to its end, or ``timeout`` seconds; whatever
     is left is killed, pass or fail."""
     token = uuid.uuid4().hex
     out_path = cwd / f"{run_id}.out"
     started = time.monotonic()
-    proc = start_nvtrain(policy, run_id, cwd, out_path, token)
+    proc = start_nvtrain(policy, run_id, cwd, out_path, token, extra_env)
     try:
         try:
             code = proc.wait(timeout=timeout)

@@ -23,6 +23,9 @@ ALLOWED_UNPICKLERS = {
     # The rendezvous state NVRx and torch unpickle from the store: admits only that state's own
     # classes, so a peer that writes the key runs nothing (tests/launcher/test_store_guard.py)
     "nvtrain/nvrx/storeguard.py",
+    # The rank states NVRx's in-process stores unpickle: admits only NVRx's State and Mode
+    # (tests/worker/test_worker_store_guard.py)
+    "nvtrain/nvrx/inprocess_store.py",
 }
 
 

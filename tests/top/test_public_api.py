@@ -60,6 +60,7 @@ def test_cli_commands() -> None:
         "manifest",
         "report",
         "control",
+        "env",
     ]
 
 

@@ -17,7 +17,18 @@ try:  # most of the command's start-up: Ctrl-C here is exit 130 too, not a trace
     import typer
 
     from nvtrain import __version__
-    from nvtrain.cli import _interrupt, control, init, manifest, report, run, schema, tune_interval, validate
+    from nvtrain.cli import (
+        _interrupt,
+        control,
+        env,
+        init,
+        manifest,
+        report,
+        run,
+        schema,
+        tune_interval,
+        validate,
+    )
 except KeyboardInterrupt:
     # What _interrupt.interrupted() does; that module may be the one whose import was stopped.
     sys.stderr.write("nvtrain: interrupted (SIGINT)\n")
@@ -35,6 +46,7 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "manifest": manifest.command,
     "report": report.command,
     "control": control.command,
+    "env": env.command,
 }
 """Every command, in the order ``--help`` lists them."""
 

@@ -11,6 +11,11 @@ import typer
 from nvtrain.cli._errors import exit_on_error
 from nvtrain.errors import UsageError
 
+NO_MATPLOTLIB = (
+    "no timeline PNG: matplotlib is not installed (pip install 'nvtrain[report]' draws it; "
+    "--no-timeline drops this line)"
+)
+
 
 @exit_on_error
 def command(
@@ -39,10 +44,12 @@ def command(
     """Report a run from its events log: training and infrastructure goodput, recovery time per
     fault and per layer, restarts, rollbacks, checkpoints, and a PNG timeline.
 
-    Exit 0 with a report; 2 when the log is missing, unreadable or empty, or the PNG cannot be
-    drawn (it needs matplotlib: install nvtrain's report extra, or add --no-timeline).
+    The text (or JSON) is always printed. The PNG is drawn next to the log when matplotlib is
+    there and the folder is writable; otherwise one line says why it was not. Exit 0 with a
+    report; 2 when the log is missing, unreadable or empty, or the PNG that --timeline asks for
+    cannot be drawn.
     """
-    from nvtrain.report import TIMELINE_FILE, read_report, report_dict, write_timeline
+    from nvtrain.report import TIMELINE_FILE, can_draw, read_report, report_dict, write_timeline
 
     if timeline is not None and no_timeline:
         raise UsageError("--timeline and --no-timeline cannot be used together", "give one of them")
@@ -52,13 +59,22 @@ def command(
 
         print_warnings(report.warnings)
     png = None
-    if not no_timeline:
-        if timeline is not None:
-            from nvtrain.cli._paths import check_output, refuse_overwrite
+    if timeline is not None:  # asked for: drawn, or exit 2
+        from nvtrain.cli._paths import check_output, refuse_overwrite
 
-            refuse_overwrite("--timeline", timeline, {"the events log": Path(report.source)})
-            check_output("--timeline", timeline, ".png", "a PNG image", _is_png)
-        png = write_timeline(report, timeline or Path(report.source).parent / TIMELINE_FILE)
+        refuse_overwrite("--timeline", timeline, {"the events log": Path(report.source)})
+        check_output("--timeline", timeline, ".png", "a PNG image", _is_png)
+        png = write_timeline(report, timeline)
+    elif not no_timeline:  # drawn where possible; otherwise one line says why not
+        from nvtrain.cli.render.findings import print_warnings
+
+        if not can_draw():
+            print_warnings([NO_MATPLOTLIB])
+        else:
+            try:
+                png = write_timeline(report, Path(report.source).parent / TIMELINE_FILE)
+            except UsageError as exc:
+                print_warnings([f"no timeline PNG: {exc.message} ({exc.fix})"])
     if as_json:
         typer.echo(json.dumps(report_dict(report, None if png is None else str(png)), indent=2))
         return

@@ -87,7 +87,22 @@ class RunCommand(TyperCommand):
             head, rest = split_script_args(list(args), takes_value)
         except ValueError as exc:
             ctx.fail(str(exc))
-        remaining = super().parse_args(ctx, head)
+        words = list(head)  # the parser consumes the list it is given
+        try:
+            remaining = super().parse_args(ctx, head)
+        except Exception as exc:  # typer's own click, which it does not export: known by name
+            policy = next((w for w in words if w.endswith(".toml") and not w.startswith("-")), None)
+            if type(exc).__name__ != "NoSuchOption" or policy is None:
+                raise
+            option = str(getattr(exc, "option_name", ""))
+            # After a policy file the script's own options need `--` (a script's words follow
+            # the script itself); click's "did you mean" would suggest one of nvtrain's.
+            at = words.index(option) if option in words else len(words)
+            given = " ".join(words[at:])
+            ctx.fail(
+                f"No such option: {option}. Arguments for the training script go after "
+                f"--: nvtrain run {policy} -- {given}"
+            )
         if rest is not None:
             ctx.params["script_args"] = [*(ctx.params.get("script_args") or ()), *rest]
         return remaining
@@ -275,7 +290,7 @@ def command(
     not found in time; 4 the same fault repeats without progress; 128+N stopped by signal N.
     """
     from nvtrain.launcher.identity import identify, on_kubernetes, slurm_step
-    from nvtrain.launcher.overrides import launcher_options, on_this_node, resolve_run
+    from nvtrain.launcher.overrides import check_gpu_workers, launcher_options, on_this_node, resolve_run
     from nvtrain.launcher.rundir import prepare
     from nvtrain.launcher.supervisor import supervise
 
@@ -306,6 +321,7 @@ def command(
         typer.echo(json.dumps(plan.to_dict(), indent=2))
         _show_wrapper_plan(policy, identity.has_gpu)
         return
+    check_gpu_workers(policy, identity.has_gpu, "--nproc-per-node gpu" if nproc_per_node == "gpu" else None)
     if plan.is_host and not resolved.port_chosen:
         from nvtrain.launcher.ports import check_rendezvous_port
 
@@ -328,10 +344,14 @@ def _show_wrapper_plan(policy: Policy, has_gpu: bool) -> None:
     NVRx installed here (its version from package metadata: NVRx is not imported)."""
     from nvtrain.cli.render.wrapper_plan import print_wrapper_plan
     from nvtrain.config.wrapper_plan import WrapperFeatures, plan_wrapper
+    from nvtrain.launcher.plan import uses_worker_library
     from nvtrain.nvrx import installed_nvrx
 
     if not policy.restart.in_process.enabled:
         print_wrapper_plan(None, "")
+        return
+    if not uses_worker_library(policy.job):
+        print_wrapper_plan(None, "", "the script does not use nvtrain's worker library, nvtrain.worker.run")
         return
     version = installed_nvrx()
     features = WrapperFeatures.of_version(version)

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from nvtrain.config.duration import format_duration, is_duration_field
+from nvtrain.config.duration import format_duration, is_duration_field, parse_duration
 from nvtrain.config.locate import Positions, key_positions, lookup
 from nvtrain.config.schema import table_model
 from nvtrain.findings import Finding, table_label, toml_value
@@ -211,18 +211,44 @@ def validate_data(data: dict[str, Any], source: str, model: type[M], positions: 
         return Parsed(source, None, attach_positions(findings, source, positions), positions, data)
 
 
-def attach_positions(findings: Iterable[Finding], source: str, positions: Positions) -> list[Finding]:
-    """Fill in file, line and column, and sort by position."""
+def attach_positions(
+    findings: Iterable[Finding], source: str, positions: Positions, data: dict[str, Any] | None = None
+) -> list[Finding]:
+    """Fill in file, line and column, and sort by position. With the document's ``data``, a
+    duration a check shows in its own words (``"1m30s"``) is shown as the file writes it
+    (``"90s"``) when the two are the same length of time."""
     placed = []
     for f in findings:
         path: list[str | int] = [int(p) if p.isdigit() else p for p in f.table.split(".") if p]
         if f.key:
             path.append(f.key)
         pos = lookup(positions, path)
+        value = f.value if data is None or f.value is None else _as_written(f.value, data, path)
         placed.append(
-            dataclasses.replace(f, file=source, line=pos[0] if pos else None, column=pos[1] if pos else None)
+            dataclasses.replace(
+                f, file=source, line=pos[0] if pos else None, column=pos[1] if pos else None, value=value
+            )
         )
     return sorted(placed, key=Finding.sort_key)
+
+
+def _as_written(shown: str, data: dict[str, Any], path: Sequence[str | int]) -> str:
+    """``shown`` (a finding's value as TOML), or the file's own text for the same duration."""
+    node: Any = data
+    for part in path:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        else:
+            return shown
+    if isinstance(node, bool) or not isinstance(node, str | int | float) or toml_value(node) == shown:
+        return shown
+    try:
+        same = toml_value(format_duration(parse_duration(node))) == shown
+    except (ValueError, TypeError):
+        return shown
+    return toml_value(node) if same else shown
 
 
 def _syntax_finding(exc: tomllib.TOMLDecodeError, source: str) -> Finding:

@@ -125,7 +125,7 @@ def validate_source(
         salvaged = _salvage(parsed.data, parsed.findings)
         found = [] if salvaged is None else salvaged.findings(version, timings)
     if found:
-        findings.extend(attach_positions(found, source, parsed.positions))
+        findings.extend(attach_positions(found, source, parsed.positions, parsed.data))
         findings.sort(key=Finding.sort_key)
     return Validation(source, parsed.model, findings, version, parsed.data)
 

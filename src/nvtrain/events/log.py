@@ -84,10 +84,17 @@ class EventLog:
         if self._refused is None:
             self._refused = private.NotPrivate(self.path, "belongs to an events log that was closed")
 
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            if self._folder is not None:
-                os.close(self._folder)
+    def __del__(self, _close: Callable[[int], None] = os.close) -> None:
+        # A finalizer must not raise, and may run late in the interpreter's shutdown, when this
+        # module's globals are gone: os.close is bound as a default. ``_folder`` is missing when
+        # __init__ failed before it (the folder could not be made); OSError (EBADF) when the
+        # descriptor was closed already behind the log's back (an os.closerange in a child).
+        folder = getattr(self, "_folder", None)
+        if folder is not None:
+            try:
+                _close(folder)
+            except OSError:
+                pass
 
     def emit(self, event: Event) -> dict[str, Any]:
         """Append ``event`` (stamped now unless its ``ts`` is set); returns the line's fields."""

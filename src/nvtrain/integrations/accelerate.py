@@ -23,6 +23,8 @@ progress, async save when due, faults, events. A resumed epoch is the same epoch
 sampler's generators are set to what they were when the epoch's iterator was made, the batches
 already trained are skipped (``accelerator.skip_first_batches``, in a section), then the RNG
 states of the checkpoint's step are set again. ``loop.section()`` covers an evaluation or a save of your own.
+The checkpoint interval is the policy's ``[checkpoint] interval``, or a tenth of ``max_steps``
+when the policy leaves it unset (``cadence``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import nvtrain.worker as nw
+from nvtrain.integrations import private_api
+from nvtrain.integrations.cadence import apply_cadence
 from nvtrain.integrations.core import (
     Hooks,
     IntegrationError,
@@ -40,7 +44,6 @@ from nvtrain.integrations.core import (
     epoch_start,
     generators,
     replay_epoch_start,
-    reset_accelerate_state,
 )
 from nvtrain.integrations.core import run as _run
 
@@ -56,7 +59,7 @@ def run(main: Callable[[nw.Context], T]) -> T:
     """``nvtrain.worker.run(main)``: ``main(ctx)`` under in-process restart. Every attempt
     starts with accelerate's process-wide state forgotten (the ``Accelerator`` of the next
     attempt is made again for its new process group)."""
-    return _run(main, before_attempt=reset_accelerate_state)
+    return _run(main, before_attempt=private_api.checked_reset_accelerate_state)
 
 
 class Loop:
@@ -105,6 +108,7 @@ class Loop:
             if key in extras:
                 raise IntegrationError(f"Loop(extra=...): the key {key!r} is the loop's own; rename it")
             extras[key] = value
+        apply_cadence(ctx, own=None, own_name="", max_steps=max_steps)
         self.start_step = self.hooks.bind(accelerator.unwrap_model(model), optimizer, extras)
         self.step = self.start_step
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import random
 import sys
 from collections.abc import Callable, Iterator
@@ -31,10 +32,12 @@ from typing import Any, TypeVar
 
 import nvtrain.worker as nw
 from nvtrain.errors import NvtrainError
+from nvtrain.worker import refusal
 
 __all__ = [
     "Hooks",
     "IntegrationError",
+    "Refused",
     "Stateful",
     "reset_accelerate_state",
     "epoch_start",
@@ -53,6 +56,14 @@ _NONE = object()
 class IntegrationError(NvtrainError):
     """A framework object the integration cannot work with (a version without a hook it needs,
     a state it cannot checkpoint); the message names the object, what was found and the fix."""
+
+
+class Refused(IntegrationError):
+    """A call the integration refuses (an argument nvtrain owns, a strategy or a framework
+    version it was not built for): the script must change, and no retry can help. Under
+    ``nvtrain run`` the attempt does not raise it into the in-process layer (which would retry
+    it until its attempts ran out): the rank ends at once with exit 2 and the message
+    (``run``), and the launcher ends the run with exit 2, the message in its cause."""
 
 
 class Stateful:
@@ -261,11 +272,19 @@ def reset_accelerate_state() -> None:
 
 
 def run(main: Callable[[nw.Context], T], *, before_attempt: Callable[[], None] | None = None) -> T:
-    """``nvtrain.worker.run(main)``, calling ``before_attempt()`` first in every attempt."""
+    """``nvtrain.worker.run(main)``, calling ``before_attempt()`` first in every attempt. A
+    ``Refused`` call ends the rank at once under ``nvtrain run`` (``worker.refusal``); started
+    without it (``python train.py``), it is raised as it is."""
 
     def attempt(ctx: nw.Context) -> T:
-        if before_attempt is not None:
-            before_attempt()
-        return main(ctx)
+        try:
+            if before_attempt is not None:
+                before_attempt()
+            return main(ctx)
+        except Refused as exc:
+            if not os.environ.get("NVTRAIN_POLICY"):  # no nvtrain run: nothing would retry it
+                raise
+            refusal.refuse(ctx.events, ctx.rank, str(exc))
+            raise AssertionError("not reached") from exc
 
     return nw.run(attempt)  # type: ignore[no-any-return]

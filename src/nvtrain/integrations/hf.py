@@ -25,22 +25,27 @@ What ``train`` does to the trainer, for this call only:
 - runs the data-loader set-up, the batch skipping of a resume, evaluation and the Trainer's own
   saves in sections (not taken for hangs).
 
-DeepSpeed is not supported (its engine keeps the optimizer state). Tested with transformers
-5.25 (``constraints/ci.txt``); another version without the replaced methods is refused with a
-message naming them.
+The checkpoint interval is the policy's ``[checkpoint] interval``; when the policy leaves it
+unset, the Trainer's ``save_steps`` or a tenth of ``max_steps`` (``cadence``). Refused at the
+first attempt (exit 2 under ``nvtrain run``, ``core.Refused``): ``resume_from_checkpoint=``,
+DeepSpeed (its engine keeps the optimizer state), and a transformers whose private API differs
+from the facts recorded for 5.17 to 5.25 (``private_api``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import nvtrain.worker as nw
-from nvtrain.integrations.core import Hooks, IntegrationError, Stateful, reset_accelerate_state
+from nvtrain.integrations import private_api
+from nvtrain.integrations.cadence import apply_cadence
+from nvtrain.integrations.core import Hooks, IntegrationError, Refused, Stateful
 from nvtrain.integrations.core import run as _run
 
 __all__ = ["Callback", "run", "train"]
@@ -64,7 +69,7 @@ def run(main: Callable[[nw.Context], T]) -> T:
     """``nvtrain.worker.run(main)``: ``main(ctx)`` under in-process restart. Every attempt
     starts with accelerate's process-wide state forgotten (the Trainer's accelerator is made
     again for the new process group)."""
-    return _run(main, before_attempt=reset_accelerate_state)
+    return _run(main, before_attempt=private_api.checked_reset_accelerate_state)
 
 
 class Callback(_TrainerCallback):  # type: ignore[misc]
@@ -85,6 +90,9 @@ class Callback(_TrainerCallback):  # type: ignore[misc]
         scaler = getattr(trainer.accelerator, "scaler", None)
         if scaler is not None:
             extra["scaler"] = scaler
+        apply_cadence(
+            self.hooks.ctx, own=_save_steps(args, state), own_name="save_steps", max_steps=state.max_steps
+        )
         step = self.hooks.bind(trainer.model, trainer.optimizer, extra)
         if step != state.global_step:
             # The Trainer skipped its data for the newest committed step, and that checkpoint
@@ -104,6 +112,18 @@ class Callback(_TrainerCallback):  # type: ignore[misc]
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not self.keep_framework_saves:
             control.should_save = False
+
+
+def _save_steps(args: Any, state: Any) -> int | None:
+    """The Trainer's own cadence in steps: ``save_steps`` with ``save_strategy = "steps"`` (a
+    ratio below 1 is that share of ``max_steps``, rounded up, as the Trainer takes it); None
+    for another strategy. From the arguments, so that every attempt finds the same."""
+    if str(getattr(args.save_strategy, "value", args.save_strategy)) != "steps" or not args.save_steps:
+        return None
+    steps = float(args.save_steps)
+    if steps < 1:
+        return math.ceil(state.max_steps * steps) if state.max_steps and state.max_steps > 0 else None
+    return int(steps)
 
 
 def _counters(state: Any) -> dict[str, Any]:
@@ -134,17 +154,24 @@ def train(ctx: nw.Context, trainer: Any, *, keep_framework_saves: bool = False, 
     interval`` (async, host copy), and replaces the Trainer's own saves unless
     ``keep_framework_saves`` (then both are written, and the Trainer's block the loop)."""
     if kwargs.get("resume_from_checkpoint") not in (None, False):
-        raise IntegrationError(
+        raise Refused(
             "train(ctx, trainer, resume_from_checkpoint=...): nvtrain restores the newest checkpoint "
             "of the run itself; drop resume_from_checkpoint"
         )
     kwargs.pop("resume_from_checkpoint", None)
+    if getattr(trainer, "is_deepspeed_enabled", False) or getattr(trainer.args, "deepspeed", None):
+        raise Refused(
+            "train(ctx, trainer): the Trainer runs DeepSpeed, whose engine keeps the optimizer state "
+            "that nvtrain's checkpoints hold; nvtrain.integrations.hf does not cover it: drop "
+            "TrainingArguments(deepspeed=...), or run the script without the integration"
+        )
+    private_api.check("transformers", _transformers.__version__)
     missing = [name for name in _LOADERS if not callable(getattr(trainer, name, None))]
-    if missing:
-        raise IntegrationError(
-            f"this transformers {_transformers.__version__} Trainer has no {', '.join(missing)}, which "
-            "nvtrain.integrations.hf replaces to resume from its own checkpoints; use the version "
-            "pinned in nvtrain's constraints (transformers 5.25)"
+    if missing or not hasattr(trainer, "_train_batch_size"):
+        raise Refused(
+            f"this Trainer ({type(trainer).__qualname__}, transformers {_transformers.__version__}) has "
+            f"no {', '.join(missing or ['_train_batch_size'])}, which nvtrain.integrations.hf uses to "
+            f"resume; it supports {private_api.HF.span}"
         )
     hooks = Hooks(ctx)
     callback = Callback(hooks, trainer, keep_framework_saves=keep_framework_saves)

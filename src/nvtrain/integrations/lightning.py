@@ -24,8 +24,12 @@ What ``fit`` does, for this call only:
 - takes the ``ModelCheckpoint`` callbacks out (their synchronous saves), unless
   ``keep_framework_saves``.
 
-One optimizer (automatic or manual optimization); DeepSpeed and FSDP strategies are not
-covered. Tested with Lightning 2.6 (``constraints/ci.txt``).
+The checkpoint interval is the policy's ``[checkpoint] interval``; when the policy leaves it
+unset, a ``ModelCheckpoint``'s ``every_n_train_steps`` or a tenth of the run's steps
+(``cadence``). One optimizer (automatic or manual optimization). Refused at the first attempt
+(exit 2 under ``nvtrain run``, ``core.Refused``): ``ckpt_path=``, a strategy other than DDP or
+a single device (DeepSpeed, FSDP, ...), and a Lightning whose private API differs from the
+facts recorded for 2.6.0 to 2.6.6 (``private_api``).
 """
 
 from __future__ import annotations
@@ -36,13 +40,15 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import nvtrain.worker as nw
+from nvtrain.integrations import private_api
+from nvtrain.integrations.cadence import apply_cadence
 from nvtrain.integrations.core import (
     Hooks,
     IntegrationError,
+    Refused,
     Stateful,
     epoch_start,
     replay_epoch_start,
-    reset_accelerate_state,
 )
 from nvtrain.integrations.core import run as _run
 
@@ -64,7 +70,7 @@ T = TypeVar("T")
 
 def run(main: Callable[[nw.Context], T]) -> T:
     """``nvtrain.worker.run(main)``: ``main(ctx)`` under in-process restart."""
-    return _run(main, before_attempt=reset_accelerate_state)
+    return _run(main, before_attempt=private_api.checked_reset_accelerate_state)
 
 
 # -- resumable data loaders ---------------------------------------------------------------
@@ -160,8 +166,10 @@ def _flattened(value: Any) -> list[Any]:
 class Callback(_LightningCallback):  # type: ignore[misc]
     """The Lightning callback ``fit`` adds; its hooks call the worker library."""
 
-    def __init__(self, hooks: Hooks) -> None:
+    def __init__(self, hooks: Hooks, own_interval: int | None = None) -> None:
         self.hooks = hooks
+        self.own_interval = own_interval
+        """The smallest ``every_n_train_steps`` of the trainer's ``ModelCheckpoint`` callbacks."""
         self.position = (0, 0)
         """(batches of this epoch trained, batches per epoch) at the last step."""
         self.last_step = -1
@@ -176,13 +184,13 @@ class Callback(_LightningCallback):  # type: ignore[misc]
                 f"the LightningModule's configure_optimizers() made {len(optimizers)} optimizers; "
                 "nvtrain.integrations.lightning checkpoints exactly one: return one optimizer"
             )
-        connector = trainer._checkpoint_connector
-        if not hasattr(connector, "_loaded_checkpoint"):
-            raise IntegrationError(
-                f"this Lightning {_pl.__version__} has no Trainer._checkpoint_connector._loaded_checkpoint, "
-                "which nvtrain.integrations.lightning fills to resume; use the version pinned in "
-                "nvtrain's constraints (lightning 2.6)"
-            )
+        connector = trainer._checkpoint_connector  # checked by fit (private_api)
+        apply_cadence(
+            self.hooks.ctx,
+            own=self.own_interval,
+            own_name="ModelCheckpoint(every_n_train_steps)",
+            max_steps=_max_steps(trainer),
+        )
         extra = {
             "loops": Stateful(lambda: self._loops(trainer), self._keep("loops")),
             "schedulers": Stateful(
@@ -274,6 +282,48 @@ class Callback(_LightningCallback):  # type: ignore[misc]
         self._section.close()
 
 
+def _max_steps(trainer: Any) -> int | None:
+    """The run's optimizer steps: ``max_steps``, else Lightning's estimate from the epochs and
+    the loader (None when it has none: an iterable dataset without a length)."""
+    if trainer.max_steps is not None and trainer.max_steps > 0:
+        return int(trainer.max_steps)
+    try:
+        estimate = trainer.estimated_stepping_batches
+    except Exception:  # noqa: BLE001 - any: no estimate, the default cadence then
+        return None
+    return int(estimate) if estimate not in (None, float("inf")) and estimate > 0 else None
+
+
+def _own_interval(callbacks: list[Any]) -> int | None:
+    """The smallest ``every_n_train_steps`` of the ``ModelCheckpoint`` callbacks (None: none
+    saves by steps; Lightning's default one saves at each epoch's end)."""
+    steps = [
+        int(c._every_n_train_steps)
+        for c in callbacks
+        if isinstance(c, _pl.callbacks.ModelCheckpoint) and (getattr(c, "_every_n_train_steps", 0) or 0) > 0
+    ]
+    return min(steps) if steps else None
+
+
+def _refuse_unsupported(trainer: Any, kwargs: dict[str, Any]) -> None:
+    """The calls ``fit`` refuses (``core.Refused``: exit 2 at the first attempt)."""
+    if kwargs.get("ckpt_path") is not None:
+        raise Refused(
+            "fit(ctx, trainer, model, ckpt_path=...): nvtrain restores the newest checkpoint of the "
+            "run itself; drop ckpt_path"
+        )
+    strategies = _pl.strategies
+    strategy = trainer.strategy
+    if type(strategy) not in (strategies.DDPStrategy, strategies.SingleDeviceStrategy):
+        raise Refused(
+            f"fit(ctx, trainer, ...): the trainer's strategy is {type(strategy).__name__}; "
+            "nvtrain.integrations.lightning covers DDP and a single device only (its checkpoints "
+            "hold the module's and one optimizer's full state): use strategy=\"ddp\", or run the "
+            "script without the integration"
+        )
+    private_api.check("lightning", str(_pl.__version__))
+
+
 def fit(
     ctx: nw.Context,
     trainer: Any,
@@ -286,17 +336,13 @@ def fit(
     **kwargs: Any,
 ) -> None:
     """``trainer.fit(model, ...)`` under the worker library (see the module docstring)."""
-    if kwargs.get("ckpt_path") is not None:
-        raise IntegrationError(
-            "fit(ctx, trainer, model, ckpt_path=...): nvtrain restores the newest checkpoint of the "
-            "run itself; drop ckpt_path"
-        )
+    _refuse_unsupported(trainer, kwargs)
     kwargs.pop("ckpt_path", None)
     hooks = Hooks(ctx)
     for loader in _flattened(train_dataloaders):
         resumable(loader, hooks.reapply_rng)
-    callback = Callback(hooks)
     saved_callbacks = list(trainer.callbacks)
+    callback = Callback(hooks, _own_interval(saved_callbacks))
     kept = [
         c for c in saved_callbacks if keep_framework_saves or not isinstance(c, _pl.callbacks.ModelCheckpoint)
     ]

@@ -23,10 +23,11 @@ from nvtrain.launcher.dns import PodNames, Resolver, resolve, wait_until_resolva
 from nvtrain.launcher.plan import rendezvous_id
 from nvtrain.launcher.process import Child, become_subreaper, kill_all
 from nvtrain.nvrx import NvrxVersion
+from nvtrain.nvrx.names import CONTROL_PLANE
 
 __all__ = ["CONTROL_MODULE", "ControlPlan", "build_control_plan", "run_control"]
 
-CONTROL_MODULE = "nvidia_resiliency_ext.fault_tolerance.control_plane"
+CONTROL_MODULE = CONTROL_PLANE
 """The module behind NVRx's ``nvrx-control`` script (0.6, 0.7)."""
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

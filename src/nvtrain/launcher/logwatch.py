@@ -1,6 +1,9 @@
 """Reads ft_launcher's output: the log lines nvtrain acts on become events (``parse_line``), the
 launcher's own log lines are told apart from the workers' (``LogSorter``), and a worker's uncaught
-exception is noticed by the traceback torch.distributed prints for it (``read_raised``)."""
+exception is noticed by the traceback torch.distributed prints for it (``read_raised``).
+
+What NVRx's lines look like in each version (the regexes) is ``nvtrain.nvrx.log_grammar``'s;
+this module turns what it recognises into events and decisions."""
 
 from __future__ import annotations
 
@@ -17,8 +20,11 @@ from nvtrain.events.records import (
     RestartBegin,
     WorkerFailed,
 )
+from nvtrain.nvrx import log_grammar
+from nvtrain.nvrx.log_grammar import OUT_OF_SECTION, RENDEZVOUS_TIMEOUT
 
 __all__ = [
+    "OUT_OF_SECTION",
     "RENDEZVOUS_TIMEOUT",
     "LogSorter",
     "PlainTraceback",
@@ -30,35 +36,6 @@ __all__ = [
     "script_frame",
     "signal_name",
 ]
-
-RENDEZVOUS_TIMEOUT = "RendezvousTimeoutError"
-"""The exception ft_launcher ends with when the rendezvous did not gather its nodes within
-``join_timeout`` (``error`` of a ``launcher_error`` event)."""
-
-_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
-# 0.4 says UNHEALTHY, 0.6/0.7 say FAILED.
-_RESTART = re.compile(
-    r"Worker group (?:UNHEALTHY|FAILED)\. (\d+)/(\d+) attempts left"
-    r"|(\d+)/(\d+) restart attempts left; restarting"  # the second form: min-healthy (0.4)
-)
-# The rank monitor (one per worker) names it after the host: "RankMonServer<pid>@host:<rank>" (0.4,
-# the global rank); 0.6/0.7 log through NVRx's logger: "[workload:<rank>(<local rank>) infra:...]"
-# What the monitor missed: a heartbeat, a section open too long (sections API), or too long with
-# no section open ("[Cycle N] " before these on 0.6/0.7).
-_HANG = re.compile(
-    r"(?:RankMonServer\d+@[^:\]]*:(\d+)\]|\[workload:[^(\]]*\((\d+)\) infra:[^\]]*\])"
-    r".*(?:Did not get (initial|subsequent) heartbeat|Section '([^']*)' has been open for"
-    r"|(Was out of section) for)"
-)
-OUT_OF_SECTION = "out-of-section"
-"""``HangDetected.section`` when no section was open for longer than ``out_of_section_timeout``."""
-_AGENT_ERROR = re.compile(r"Agent run ended with exception,? (.*?)\.? Agent's exit code")
-# The message is NVRx's f"{e=}": "e=RendezvousTimeoutError()", "e=RendezvousConnectionError('...')"
-_ERROR_CLASS = re.compile(r"^e=(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*)\(")
-# 0.4: "joined round N of the rendezvous ..."; 0.6/0.7: "joined the rendezvous ..." (no round)
-_JOINED = re.compile(
-    r"joined (?:round (\d+) of )?the rendezvous '([^']*)' as rank (\d+) in a world of size (\d+)"
-)
 
 
 def signal_name(exit_code: int) -> str | None:
@@ -74,46 +51,39 @@ def signal_name(exit_code: int) -> str | None:
 def parse_line(line: str) -> Event | None:
     """The event for a line of ft_launcher's output that nvtrain acts on (``WorkerFailed``,
     ``RestartBegin``, ``HangDetected``, ``LauncherError``, ``RendezvousDone``), else None."""
-    match = _FAILED.search(line)
-    if match:
-        code = int(match.group(1))
+    failed = log_grammar.worker_exit(line)
+    if failed is not None:
         return WorkerFailed(
             source="launcher",
-            local_rank=int(match.group(2)),
-            worker_pid=int(match.group(3)),
-            exit_code=code,
-            signal=signal_name(code),
+            local_rank=failed.local_rank,
+            worker_pid=failed.pid,
+            exit_code=failed.exit_code,
+            signal=signal_name(failed.exit_code),
         )
-    match = _RESTART.search(line)
-    if match:
-        left, limit = match.group(1, 2) if match.group(1) else match.group(3, 4)
+    restart = log_grammar.restart(line)
+    if restart is not None:
         return RestartBegin(
-            source="launcher", layer="in_job", attempts_left=int(left), max_restarts=int(limit)
+            source="launcher",
+            layer="in_job",
+            attempts_left=restart.attempts_left,
+            max_restarts=restart.max_restarts,
         )
-    match = _HANG.search(line)
-    if match:
-        section = match.group(4)
-        if section is None and match.group(5):
-            section = OUT_OF_SECTION
-        if match.group(1) is not None:  # 0.4: the global rank
+    hang = log_grammar.hang(line)
+    if hang is not None:
+        if hang.rank is not None:  # 0.4: the global rank
             return HangDetected(
-                source="launcher", rank=int(match.group(1)), heartbeat=match.group(3), section=section
+                source="launcher", rank=hang.rank, heartbeat=hang.heartbeat, section=hang.section
             )
         return HangDetected(
-            source="launcher", local_rank=int(match.group(2)), heartbeat=match.group(3), section=section
+            source="launcher", local_rank=hang.local_rank, heartbeat=hang.heartbeat, section=hang.section
         )
-    match = _AGENT_ERROR.search(line)
-    if match:
-        message = match.group(1)
-        kind = _ERROR_CLASS.match(message)
-        return LauncherError(source="launcher", message=message[:500], error=kind.group(1) if kind else None)
-    match = _JOINED.search(line)
-    if match:
+    error = log_grammar.agent_error(line)
+    if error is not None:
+        return LauncherError(source="launcher", message=error.message[:500], error=error.error)
+    joined = log_grammar.joined(line)
+    if joined is not None:
         return RendezvousDone(
-            source="launcher",
-            round=int(match.group(1)) if match.group(1) else None,
-            group_rank=int(match.group(3)),
-            nodes=int(match.group(4)),
+            source="launcher", round=joined.round, group_rank=joined.group_rank, nodes=joined.nodes
         )
     return None
 
@@ -124,40 +94,8 @@ read_line = parse_line
 
 # -- the launcher's own log lines ---------------------------------------------------------------
 
-# A log record of ft_launcher or of its rank monitors, by the logger's line format, with its level:
-# NVRx 0.4: "[2026-12-02 09:15:22,261] [INFO] [ft_launcher12528@vm] ...", "[...] [INFO]
-#   [RankMonServer12557@vm:1] ...", "[...] [ALWAYS] [RankMonServer.Restarter] ..." (stdout);
-# NVRx 0.6/0.7: "2026-12-02 09:16:30,389 [INFO] [vm] [workload:?(?) infra:?(?)] launcher.py:2610 ...";
-# torch's elastic agent (0.6/0.7): "E1202 09:16:52.997000 645 torch/distributed/elastic/...:986] ...".
-_LAUNCHER_RECORD = re.compile(
-    r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\] \[(?P<a>[A-Z]+)\] "
-    r"\[(?:ft_launcher\d+@[^\]]*|RankMonServer[^\]]*)\] "
-    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} \[(?P<b>[A-Z]+)\] \[[^\]]*\] \[workload:[^\]]*\] "
-    r"|(?P<c>[DIWEF])\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ torch/distributed/elastic/[^\]]*\] "
-)
-_WARNING_LEVELS = frozenset({"WARNING", "W"})
-_ERROR_LEVELS = frozenset({"ERROR", "CRITICAL", "FATAL", "E", "F"})
-# The rest of a multi-line record: the indented "key : value" or "key=value" rows of a table
-# ("Starting elastic_operator with launch configs:", torch's "Rendezvous complete ... Result:").
-_TABLE_ROW = re.compile(r"[ \t]+[A-Za-z_][\w ]*?[ \t]*[:=]")
-# Or the traceback of a record logged with its exception (``logger.exception``, asyncio's
-# "Exception in callback ..." with its "handle: <Handle ...>" line first): its frames are
-# indented, and its last line, the exception, is not; chained exceptions follow after a blank line.
-_TRACEBACK = "Traceback (most recent call last):"
-_CHAINED = frozenset(
-    {
-        "During handling of the above exception, another exception occurred:",
-        "The above exception was the direct cause of the following exception:",
-    }
-)
-_CALLBACK = "Exception in callback "
-_HANDLE = "handle: <Handle "
-# As ft_launcher stops its workers (a stop nvtrain asked for, or a restart), it cancels the rank
-# monitors' connection handlers that still hold a connection, and asyncio logs each one at ERROR
-# with the traceback of its CancelledError: "Exception in callback
-# StreamReaderProtocol.connection_made.<locals>.callback(<Task cancell...erver.py:336>>)" (the
-# task's repr, cut by reprlib to 30 characters, names it cancelled). No failure: not shown.
-_CANCELLED_CALLBACK = re.compile(re.escape(_CALLBACK) + r".*\(<Task cancell")
+# The launchers' log formats and what continues a record (a table, a traceback) are
+# ``nvrx/log_grammar.py``'s; which records are shown is decided here.
 
 
 class LogSorter:
@@ -170,7 +108,7 @@ class LogSorter:
 
     ``sort`` says whether a line is the launcher's and whether it is shown without ``-v``: every
     line that is not the launcher's; the launcher's errors (with their tracebacks), but for
-    asyncio's report of a cancelled rank monitor connection (``_CANCELLED_CALLBACK``: ft_launcher
+    asyncio's report of a cancelled rank monitor connection (``log_grammar.cancelled_callback``: ft_launcher
     stopping, no failure); its warnings, each message once (NVRx repeats some at every worker
     start). ``seen``: the warnings shown so far, shared by the sorters of one ft_launcher's two
     streams."""
@@ -191,24 +129,25 @@ class LogSorter:
 
     def sort(self, line: str) -> tuple[bool, bool]:
         """(the launcher's, shown) for the next line of the stream."""
-        match = _LAUNCHER_RECORD.match(line)
-        if match:
-            level = match.group("a") or match.group("b") or match.group("c")
-            message = line[match.end() :].strip()
-            shown = level in _ERROR_LEVELS or (level in _WARNING_LEVELS and message not in self.seen)
-            if level in _WARNING_LEVELS:
+        record = log_grammar.launcher_record(line)
+        if record is not None:
+            level, message = record.level, record.message
+            error = level in log_grammar.ERROR_LEVELS
+            warning = level in log_grammar.WARNING_LEVELS
+            shown = error or (warning and message not in self.seen)
+            if warning:
                 self.seen.add(message)
-            if _CANCELLED_CALLBACK.match(message):
+            if log_grammar.cancelled_callback(message):
                 shown = False
             self._record, self._rows = shown, False
-            self._trace = "handle" if message.startswith(_CALLBACK) else "head"
-            self._error_record = level in _ERROR_LEVELS
+            self._trace = "handle" if message.startswith(log_grammar.CALLBACK) else "head"
+            self._error_record = error
             return True, shown
         if self._record is not None:
             shown = self._record
             if self._traceback(line.rstrip("\r\n")):
                 return True, shown
-            if _TABLE_ROW.match(line):
+            if log_grammar.table_row(line):
                 self._rows = True
                 return True, shown
             if self._rows and not line.strip():
@@ -227,14 +166,14 @@ class LogSorter:
                 return False  # a worker's traceback that came right after an INFO record
             self._trace = "frames" if text[:1] in (" ", "\t") else "end"  # else: the exception
             return True
-        if trace == "handle" and text.startswith(_HANDLE):
+        if trace == "handle" and text.startswith(log_grammar.HANDLE):
             self._trace = "head"
             return True
-        if trace is not None and text == _TRACEBACK:
+        if trace is not None and text == log_grammar.TRACEBACK:
             self._trace = "frames"
             self._first_frame = True
             return True
-        if trace == "end" and (not text.strip() or text in _CHAINED):
+        if trace == "end" and (not text.strip() or text in log_grammar.CHAINED):
             self._trace = "end"
             return True
         return False
@@ -322,7 +261,7 @@ class PlainTraceback:
 
     def feed(self, line: str) -> str | None:
         text = line.rstrip("\r\n")
-        if text == _TRACEBACK:
+        if text == log_grammar.TRACEBACK:
             self._frames, self._script = True, False
             return None
         if not self._frames:

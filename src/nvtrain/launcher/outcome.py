@@ -84,6 +84,7 @@ class Observed(Protocol):
     # ``escalated_early`` (bool): it escalated before ``escalate_after`` (an identical failure);
     # ``blames`` (Sequence[HangBlamed]): hangs blamed on a worker of this node, first first;
     # ``usage_error`` (str | None): ft_launcher refused its own command line;
+    # ``worker_usage`` (str | None): a worker refused the script's call (``worker.refusal``);
     # ``ended`` (Sequence[WorkerEnded]): workers that ended after they were told to stop.
 
 
@@ -106,6 +107,14 @@ def decide(
 
     ``storage``: a problem with the checkpoint volume still current when the run ended (saves
     or events that could not be written); a run that fails names it in its cause."""
+    refused: str | None = getattr(seen, "worker_usage", None)
+    if refused and seen.signum is None:
+        # A worker refused the script's call (worker.refusal): every attempt would do the same.
+        where = f"pod {identity.hostname} (node {identity.node_rank})"
+        return Outcome(
+            int(ExitCode.USAGE),
+            f"usage error on {where}: {refused}; not retrying: fix the script, then start again",
+        )
     outcome = _decide(code, seen, policy, identity, endpoint, nvrx)
     if storage and outcome.exit_code != ExitCode.OK and seen.signum is None:
         volume = f"[checkpoint] dir = {json.dumps(policy.checkpoint.dir)}"

@@ -437,6 +437,18 @@ def _unwritten_only(data: dict[str, Any], o: Overrides) -> Overrides:
     )
 
 
+def check_gpu_workers(policy: Policy, has_gpu: bool, flag: str | None) -> None:
+    """``nproc_per_node = "gpu"`` (``--nproc-per-node gpu``) on a node without a GPU is a usage
+    error before anything starts: ft_launcher would fail seconds later with exit 1."""
+    if policy.job.nproc_per_node != "gpu" or has_gpu:
+        return
+    where = flag or '[job] nproc_per_node = "gpu"'
+    raise UsageError(
+        f"{where} starts one worker per GPU, and this node has none (no /dev/nvidia0)",
+        "give a number of workers (--nproc-per-node 2) or 'cpu' (one per CPU), or run on a GPU node",
+    )
+
+
 def on_this_node(policy: Policy, has_gpu: bool) -> Policy:
     """``policy`` as this node's workers run it: with ``[job] backend = "auto"`` on a node
     without a GPU the workers use gloo, so a ``collective_timeout`` the policy leaves to its

@@ -28,7 +28,7 @@ from nvtrain.launcher.dns import store_name
 from nvtrain.launcher.identity import Identity
 from nvtrain.nvrx import NvrxVersion
 from nvtrain.nvrx.ftmain import ENTRY_MODULES
-from nvtrain.nvrx.ftmain import LAUNCHER as LAUNCHER_MODULE
+from nvtrain.nvrx.names import LAUNCHER as LAUNCHER_MODULE
 from nvtrain.nvrx.storeguard import ALLOW_ENV as STORE_ALLOW_ENV
 from nvtrain.private import RUN_KEY_ENV
 
@@ -61,6 +61,14 @@ ENTRY, ZYGOTE_CLIENT = ENTRY_MODULES
 that no word of the script's arguments reaches ft_launcher's parser (each of ft_launcher's own
 options is therefore written as one word, ``--name=value``)."""
 ZYGOTE_SERVER = "nvtrain.zygote.server"
+PYNVML_WARNING = "ignore:The pynvml package is deprecated:FutureWarning:torch.cuda"
+"""torch's ``import pynvml`` (``torch.cuda``, at ``import torch``) warns once per process where
+the deprecated ``pynvml`` package is installed (NVRx 0.4 requires it): ignored by message start,
+category and the importing module, in every process of the run (``PYTHONWARNINGS`` applies
+before the first import)."""
+QUIET_ENV = {"PYTHONWARNINGS": PYNVML_WARNING}
+"""Environment defaults of every plan: a healthy run prints no warning that needs no action
+(docs/run.md, "What a healthy run prints")."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,7 +284,9 @@ def build_plan(
         env["NVTRAIN_ZYGOTE"] = zygote_path
     if run_key_path:
         env[RUN_KEY_ENV] = run_key_path
-    if is_host and r.store_allow:  # who may reach the store (nvtrain.nvrx.storeguard)
+    # Who may reach the stores: the rendezvous store (nvtrain.nvrx.storeguard, on its host) and
+    # the workers' own, which rank 0 hosts on whichever node it runs (nvtrain.worker.stores).
+    if r.store_allow:
         env[STORE_ALLOW_ENV] = " ".join(r.store_allow)
     if launcher_tmp:
         env["TMPDIR"] = launcher_tmp
@@ -311,6 +321,10 @@ def _health_options(policy: Policy, identity: Identity, nvrx: NvrxVersion) -> li
             options.append("--ft-gpu-memory-reclaim-timeout=0")
         else:  # the wait for the stopped workers' GPU memory ends within 50 ms of the reclaim
             options.append(f"--ft-gpu-memory-poll-interval={_seconds(GPU_MEMORY_POLL_INTERVAL)}")
+        # NVRx's progress tracker needs an iteration file that nvtrain does not keep; without
+        # one it only warns at each restart that it is inactive ("no iterations are being
+        # reported"). Off: 0 cycles (0.6.0's default on the command line beats the file's).
+        options.append("--ft-max-no-progress-cycles=0")
     return options
 
 
@@ -335,8 +349,15 @@ def _entrypoint(
 
 def _env_defaults(policy: Policy, worker_library: bool) -> dict[str, str]:
     """Environment defaults for the workers (a variable already set wins): only what the chosen
-    layers need, so a plain torchrun script keeps torch's and NCCL's defaults."""
-    defaults: dict[str, str] = {}
+    layers need, so a plain torchrun script keeps torch's and NCCL's defaults; and in every plan
+    the few that keep a healthy run's output to what needs a person (``QUIET_ENV``, torchrun's
+    ``OMP_NUM_THREADS``)."""
+    defaults: dict[str, str] = dict(QUIET_ENV)
+    nproc = policy.job.nproc_per_node
+    if isinstance(nproc, int) and nproc > 1:
+        # torchrun's own default for several workers a node, which ft_launcher otherwise sets
+        # with a five-line banner: given here, the workers get the same value and no banner.
+        defaults["OMP_NUM_THREADS"] = "1"
     if policy.restart.in_process.enabled and worker_library:
         # The in-process layer polls its stores every second; c10d logs each poll timeout.
         defaults["TORCH_CPP_LOG_LEVEL"] = "ERROR"

@@ -238,7 +238,11 @@ def _make_state(policy: Policy, paths: RunPaths) -> None:
             if private.make_private_dir(paths.launcher_tmp, exist_ok=inside) and not inside:
                 paths.made.append(paths.launcher_tmp)
         tmp = paths.policy.with_suffix(".tmp")
-        tmp.write_text(policy.model_dump_json(by_alias=True), encoding="utf-8")
+        # An interval the policy leaves unset stays unset for the workers (the framework
+        # integrations then pick one that fits the run: integrations/cadence.py); they read the
+        # same default when they validate it.
+        unset = None if "interval" in policy.checkpoint.model_fields_set else {"checkpoint": {"interval"}}
+        tmp.write_text(policy.model_dump_json(by_alias=True, exclude=unset), encoding="utf-8")
         os.replace(tmp, paths.policy)
         if paths.ft_config is not None:
             paths.ft_config.write_text(ft_config_text(policy.heartbeat), encoding="utf-8")

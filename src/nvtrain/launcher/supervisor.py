@@ -33,6 +33,7 @@ only for a real ``process.Child``). ``supervise`` does the rest of ``nvtrain run
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -67,12 +68,13 @@ from nvtrain.launcher import dns
 from nvtrain.launcher.identity import Identity
 from nvtrain.launcher.logwatch import LogSorter
 from nvtrain.launcher.outcome import Outcome, decide, write_termination_log
-from nvtrain.launcher.plan import LaunchPlan
+from nvtrain.launcher.plan import LaunchPlan, uses_worker_library
 from nvtrain.launcher.process import Child, become_subreaper, kill_all
 from nvtrain.launcher.rundir import RunPaths, prepare, remove_state, unwritable_run_dir, write_state
 from nvtrain.launcher.stalls import Stalls
 from nvtrain.launcher.watch import Watch
 from nvtrain.nvrx import NvrxVersion, installed_nvrx
+from nvtrain.nvrx import inprocess as nvrx_inprocess
 
 if TYPE_CHECKING:
     from nvtrain.live import MetricsServer
@@ -561,6 +563,9 @@ def supervise(
     and the termination log, then raised for the caller to report.
     """
     nvrx = installed_nvrx()
+    wanted = policy.restart.in_process.enabled and uses_worker_library(policy.job)
+    if wanted and not nvrx_inprocess.available():
+        logging.getLogger(__name__).warning(nvrx_inprocess.missing_note(f"NVRx {nvrx}"))
     write_state(policy, paths)
     try:
         metrics = _serve_metrics(policy, identity, paths)

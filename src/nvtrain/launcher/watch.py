@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nvtrain.config.schema import Policy
+from nvtrain.errors import ExitCode
 from nvtrain.events import EventTail, Reporter
 from nvtrain.events.records import (
     CheckpointAlreadyCommitted,
@@ -62,7 +63,6 @@ from nvtrain.events.records import (
     WorkerStart,
     WorkerStopped,
 )
-from nvtrain.nvrx.ftmain import USAGE_ERROR
 from nvtrain.launcher.logwatch import (
     RENDEZVOUS_TIMEOUT,
     PlainTraceback,
@@ -71,6 +71,7 @@ from nvtrain.launcher.logwatch import (
     read_raised,
 )
 from nvtrain.launcher.outcome import seconds
+from nvtrain.nvrx.ftmain import USAGE_ERROR
 
 __all__ = ["SIGNAL_EXCEPTION", "STARTUP_LIMIT", "Watch"]
 
@@ -150,6 +151,8 @@ class Watch:
         """That error was a rendezvous that did not complete within join_timeout."""
         self.usage_error: str | None = None
         """ft_launcher refused its own command line (``ftmain``'s one line): nvtrain's exit 2."""
+        self.worker_usage: str | None = None
+        """A worker refused a call of the script (``worker.refusal``): nvtrain's exit 2."""
         self.world_nodes: int | None = None
         """Nodes in the last completed rendezvous round, if one completed."""
         self.last_step: int | None = None
@@ -379,6 +382,11 @@ class Watch:
             step=self.last_step,
             raised=self._raised.get(rank) if rank is not None else None,
         )
+        if failure.exit_code == ExitCode.USAGE and failure.gave_up and self.worker_usage is None:
+            # A refused call (worker.refusal): the same at every attempt, so the run stops now.
+            error = failure.gave_up.removeprefix("usage error: ")
+            self.worker_usage = f"{_named(failure)} refused the script's call: {error}"
+            self._escalate(self.worker_usage, error)
         if hung:
             self.hang_check = self._hang_reported = True
         self._hangs.discard(record.local_rank)

@@ -25,6 +25,13 @@ the exact function it expects, and leaves NVRx as it is otherwise (``tune`` says
   final state; in a job of one node (``--nnodes=1:1``) there is no other node, and that wait is
   skipped.
 
+**Only on a release whose contract holds** (``nvtrain.nvrx.contracts``, ``docs/nvrx.md``).
+Before it patches, ftmain checks the facts each speed-up relies on (the names, signatures and
+calls recorded for the installed release line) on the imported modules, in about a
+millisecond. A speed-up whose facts do not hold is left out; on a release line nvtrain was
+never tested on, all are. Either way the launcher's log gets one WARNING line that names the
+speed-ups left out and why, and ft_launcher runs as NVRx ships it otherwise.
+
 ``NVTRAIN_FT_TUNING=off`` in ``nvtrain run``'s environment runs ft_launcher untouched, but for
 the rendezvous store's guards (``nvtrain.nvrx.storeguard``: where it listens, who may reach
 it, what of it is unpickled), which are made in every case.
@@ -59,7 +66,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nvtrain.nvrx import NvrxVersion, installed_nvrx
+from nvtrain.nvrx import TESTED, NvrxVersion, installed_nvrx
 
 __all__ = [
     "ENTRY_MODULES",
@@ -71,6 +78,7 @@ __all__ = [
     "one_node",
     "option",
     "prompt_group_cleanup",
+    "speedups_off",
     "split_script_args",
     "tune",
 ]
@@ -279,23 +287,61 @@ def _synced_first(wait: Callable[..., Any]) -> Callable[..., Any]:
     return wait_for_open_round
 
 
-def tune(launcher: types.ModuleType, version: NvrxVersion | None, argv: list[str]) -> list[str]:
+def speedups_off(version: NvrxVersion | None) -> tuple[frozenset[str], str | None]:
+    """The speed-ups (``contracts.SPEEDUPS``) to leave out with the NVRx imported here, and the
+    line that says which and why (None when none is left out)."""
+    from nvtrain.nvrx import contracts
+    from nvtrain.nvrx.contracts.live import broken_live
+
+    contract = contracts.contract_for(version)
+    if contract is None:
+        what = f"NVRx {version}" if version is not None else "an NVRx without a version"
+        return frozenset(contracts.SPEEDUPS), (
+            f"nvtrain ftmain: {what} is not a tested release (tested: {', '.join(TESTED)}): "
+            f"ft_launcher runs as shipped, without its speed-ups ({'; '.join(contracts.SPEEDUPS)})"
+        )
+    facts = [fact for fact in contract.facts if fact.uses in contracts.SPEEDUPS]
+    broken = broken_live(facts)
+    if not broken:
+        return frozenset(), None
+    off = frozenset(fact.uses for fact, _ in broken)
+    whys = "; ".join(f"{fact}: {why}" for fact, why in broken)
+    named = "; ".join(name for name in contracts.SPEEDUPS if name in off)
+    return off, (
+        f"nvtrain ftmain: speed-ups off ({named}): NVRx {version} breaks the contract of "
+        f"{contract.version} ({whys}); ft_launcher runs without them"
+    )
+
+
+def tune(
+    launcher: types.ModuleType,
+    version: NvrxVersion | None,
+    argv: list[str],
+    off: frozenset[str] = frozenset(),
+) -> list[str]:
     """Make the changes this NVRx allows in the imported ``launcher`` module (and its barrier
-    rendezvous) for ft_launcher's arguments ``argv``; returns what was changed, for the log."""
+    rendezvous) for ft_launcher's arguments ``argv``, but those named in ``off``
+    (:func:`speedups_off`); returns what was changed, for the log."""
+    from nvtrain.nvrx.contracts.facts import CLEANUP, GRACE, MONITOR, ROUND
+
     done = []
     clock, interval = getattr(launcher, "time", None), monitor_interval(argv)
-    if interval is not None and interval > 0 and isinstance(clock, types.ModuleType):
-        alone = one_node(argv) and version is not None and version.barrier_rendezvous
+    usable = interval is not None and interval > 0 and isinstance(clock, types.ModuleType)
+    if usable and MONITOR not in off:
+        assert interval is not None
+        alone = one_node(argv) and version is not None and version.barrier_rendezvous and GRACE not in off
         launcher.time = _Clock(interval, ChildExits(), alone)  # type: ignore[attr-defined]
-        done.append("monitor loop woken by child exits")
+        done.append(MONITOR)
         if alone:
-            done.append("no exit grace (one node)")
+            done.append(GRACE)
     if version is None or not version.barrier_rendezvous:
         return done
     cleanup = getattr(launcher, "terminate_mp_processes", None)
-    if callable(cleanup) and _params(cleanup) == ["allowed_pgids"]:
+    if CLEANUP not in off and callable(cleanup) and _params(cleanup) == ["allowed_pgids"]:
         launcher.terminate_mp_processes = prompt_group_cleanup  # type: ignore[attr-defined]
-        done.append("worker groups cleaned up without a fixed second")
+        done.append(CLEANUP)
+    if ROUND in off:
+        return done
     try:
         barrier = importlib.import_module(BARRIER)
     except ImportError:
@@ -304,16 +350,16 @@ def tune(launcher: types.ModuleType, version: NvrxVersion | None, argv: list[str
     wait = getattr(state, "_wait_for_rendezvous_open", None)
     if state is not None and callable(wait) and callable(getattr(state, "_sync_from_per_round_state", None)):
         state._wait_for_rendezvous_open = _synced_first(wait)
-        done.append("round counter synced before the wait for an open round")
+        done.append(ROUND)
     return done
 
 
-def _log(message: str) -> None:
+def _log(message: str, level: str = "INFO") -> None:
     """One INFO record in ft_launcher's own line format (NVRx 0.4's), so that ``nvtrain run``
     files it with the launcher's records: in ``launcher-node<N>.log``, on the terminal with -v."""
     now = datetime.datetime.now()
     stamp = now.strftime("%Y-%m-%d %H:%M:%S,") + f"{now.microsecond // 1000:03d}"
-    sys.stderr.write(f"[{stamp}] [INFO] [ft_launcher{os.getpid()}@{socket.gethostname()}] {message}\n")
+    sys.stderr.write(f"[{stamp}] [{level}] [ft_launcher{os.getpid()}@{socket.gethostname()}] {message}\n")
     sys.stderr.flush()
 
 
@@ -324,6 +370,9 @@ TUNING_ENV = "NVTRAIN_FT_TUNING"
 def main() -> None:
     if len(sys.argv) < 2 or sys.argv[1] != LAUNCHER:
         sys.exit(f"usage: python -m nvtrain.nvrx.ftmain {LAUNCHER} [ft_launcher's arguments]")
+    from nvtrain.nvrx import logs  # the checks of hardware this node lacks stay quiet
+
+    logs.configure_launcher()
     launcher = importlib.import_module(LAUNCHER)
     argv, script_args = split_script_args(sys.argv[2:])
     parse = getattr(launcher, "parse_args", None)
@@ -337,7 +386,11 @@ def main() -> None:
     guarded = storeguard.install(log=_log)
     _log(f"nvtrain ftmain: {'; '.join(guarded) or 'store as shipped (no guard applies to this NVRx)'}")
     if os.environ.get(TUNING_ENV, "").lower() not in ("off", "0", "false", "no"):
-        done = tune(launcher, installed_nvrx(), argv)
+        version = installed_nvrx()
+        off, why = speedups_off(version)
+        if why is not None:
+            _log(why, "WARNING")
+        done = tune(launcher, version, argv, off) if version is not None and version.tested else []
         _log(f"nvtrain ftmain: {'; '.join(done) or 'as shipped'}")
     sys.argv = [str(launcher.__file__), *argv]
     # ft_launcher ends as nvtrain's workers do (``nvtrain.entry``): threads joined, atexit

@@ -23,22 +23,24 @@ expects; :func:`install` says what it did, for the launcher's log.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import importlib
 import io
 import ipaddress
 import os
 import pickle
 import socket
-import struct
 import sys
 import types
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from nvtrain import storesocket
+from nvtrain.storesocket import BACKLOG, MAX_NETWORKS, allow_filter, allowed_networks
 
 __all__ = [
     "ALLOW_ENV",
+    "BACKLOG",
+    "MAX_NETWORKS",
     "RendezvousStateRefused",
     "allow_filter",
     "allowed_networks",
@@ -69,17 +71,6 @@ _LABELS = {
     STATE_MODULES[1]: "NVRx's copy of torch's dynamic rendezvous",
     STATE_MODULES[2]: "torch's dynamic rendezvous",
 }
-
-BACKLOG = 4096
-"""The listening socket's backlog (what torch's own listener asks for)."""
-
-_SKF_NET_OFF = -0x100000
-"""Classic BPF: loads at this offset read the packet's network (IP) header."""
-_LD, _ALU, _JMP, _RET = 0x00, 0x04, 0x05, 0x06
-_W, _B, _ABS, _AND, _JEQ = 0x00, 0x10, 0x20, 0x50, 0x10
-"""Classic BPF opcodes (linux/filter.h): classes, sizes, modes and operations."""
-MAX_NETWORKS = 80
-"""The most networks one filter admits (its jumps are 8 bits)."""
 
 
 def _stderr(message: str) -> None:
@@ -154,97 +145,14 @@ def _state_classes(module: types.ModuleType) -> frozenset[tuple[str, str]] | Non
     return frozenset(names)
 
 
-def allowed_networks(entries: Iterable[str]) -> list[ipaddress.IPv4Network]:
-    """The IPv4 networks of the allow-list ``entries`` (addresses, CIDRs, names resolved here).
-    ValueError naming the entry that is none of these or does not resolve."""
-    networks: list[ipaddress.IPv4Network] = []
-    for entry in entries:
-        with contextlib.suppress(ValueError):
-            networks.append(ipaddress.IPv4Network(entry, strict=False))
-            continue
-        try:
-            found = socket.getaddrinfo(entry, None, socket.AF_INET, socket.SOCK_STREAM)
-        except (OSError, UnicodeError) as exc:
-            raise ValueError(
-                f"store_allow entry {entry!r} is not an IPv4 address or CIDR and does not resolve: {exc}"
-            ) from None
-        networks += [ipaddress.IPv4Network(str(info[4][0])) for info in found]
-    return networks
-
-
-def allow_filter(networks: Iterable[ipaddress.IPv4Network]) -> bytes:
-    """A classic BPF program (``struct sock_filter`` instructions, 8 bytes each) that keeps the
-    IPv4 packets whose source is in ``networks`` and drops every other packet. ValueError when
-    there are more networks than its 8-bit jumps can span (``MAX_NETWORKS``)."""
-    nets = list(dict.fromkeys(networks))
-    if len(nets) > MAX_NETWORKS:
-        raise ValueError(f"store_allow names {len(nets)} networks; at most {MAX_NETWORKS} are supported")
-    n = len(nets)
-    code = [
-        (_LD | _B | _ABS, 0, 0, _SKF_NET_OFF),  # the IP header's first byte: its version
-        (_ALU | _AND, 0, 0, 0xF0),
-        (_JMP | _JEQ, 0, 3 * n, 0x40),  # not IPv4: to the drop
-    ]
-    for i, net in enumerate(nets):  # three instructions each; a match jumps to the accept
-        code += [
-            (_LD | _W | _ABS, 0, 0, _SKF_NET_OFF + 12),  # the source address
-            (_ALU | _AND, 0, 0, int(net.netmask)),
-            (_JMP | _JEQ, 3 * (n - i - 1) + 1, 0, int(net.network_address)),
-        ]
-    code += [(_RET, 0, 0, 0), (_RET, 0, 0, 0xFFFFFFFF)]  # drop; accept (the whole packet)
-    return b"".join(struct.pack("=HBBI", op, jt, jf, k & 0xFFFFFFFF) for op, jt, jf, k in code)
-
-
-def _attach(sock: socket.socket, program: bytes) -> None:
-    import ctypes
-
-    buffer = ctypes.create_string_buffer(program, len(program))
-    fprog = struct.pack("HL", len(program) // 8, ctypes.addressof(buffer))
-    sock.setsockopt(socket.SOL_SOCKET, 26, fprog)  # SO_ATTACH_FILTER (the kernel copies it)
-
-
 def listening_socket(host: str, port: int, allow: list[ipaddress.IPv4Network] | None = None) -> socket.socket:
-    """A socket bound to ``host`` (an address, or each of a name's addresses in turn) and
-    ``port``, listening; on every interface when none of the addresses is this node's. With
-    ``allow``: only IPv4 peers in it (and this socket's own address, and loopback) get through.
-    OSError as ``bind`` raises it otherwise (the port in use)."""
-    host = host.strip("[]")
-    # The allow-list's filter admits IPv4 only: with one, the store listens on IPv4.
-    family = socket.AF_UNSPEC if allow is None else socket.AF_INET
-    infos = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
-    candidates = [(info[0], str(info[4][0])) for info in infos]
-    if allow is None:
-        candidates.append((socket.AF_INET6, "::"))
-    candidates.append((socket.AF_INET, "0.0.0.0"))
-    wildcard = False
-    for k, (family, address) in enumerate(candidates):
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if address == "::":
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.bind((address, port))
-        except OSError as exc:
-            sock.close()
-            last = k == len(candidates) - 1
-            if exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT) and not last:
-                continue
-            raise
-        wildcard = address in ("::", "0.0.0.0")
-        break
-    if wildcard:
-        _log(f"no address of {host!r} is this node's: the rendezvous store listens on every interface")
-    if allow is not None:
-        own = [ipaddress.IPv4Network("127.0.0.0/8")]
-        with contextlib.suppress(ValueError):
-            own.append(ipaddress.IPv4Network(str(ipaddress.ip_address(address))))
-        with contextlib.suppress(ValueError):  # an IPv6 socket's v4-mapped peers
-            mapped = ipaddress.IPv6Address(address).ipv4_mapped
-            if mapped is not None:
-                own.append(ipaddress.IPv4Network(str(mapped)))
-        _attach(sock, allow_filter([*own, *allow]))
-    sock.listen(BACKLOG)
-    return sock
+    """The rendezvous store's socket (:func:`nvtrain.storesocket.listening_socket`): a fallback
+    to every interface is told in the launcher's log."""
+    return storesocket.listening_socket(host, port, allow, on_wildcard=_wildcard)
+
+
+def _wildcard(host: str) -> None:
+    _log(f"no address of {host!r} is this node's: the rendezvous store listens on every interface")
 
 
 def _listening_store(
@@ -302,7 +210,16 @@ def install(env: Mapping[str, str] | None = None, log: Callable[[str], None] = _
         if make is TCPStore and _params(getattr(module, "_create_tcp_store", None)) == ["params"]:
             module.TCPStore = _listening_store(make, allow)  # type: ignore[attr-defined]
             done.append(f"store bound to the endpoint's address ({_LABELS[name]})")
-    if allow is not None and done:
+    if allow is not None and not done:
+        # The list was asked for and this NVRx/torch makes its store where nvtrain cannot hand
+        # it a filtered socket: running would leave the store open to every host.
+        _log(
+            f"usage error: ${ALLOW_ENV} ([rendezvous] store_allow) is set, but this NVRx creates its "
+            "rendezvous store in a way nvtrain does not know (docs/nvrx.md), so the list cannot be "
+            "applied; use a tested NVRx release, or firewall the rendezvous port and empty store_allow"
+        )
+        raise SystemExit(2)
+    if allow is not None:
         done.append(f"store reachable from {' '.join(str(net) for net in allow)} only")
     for name in STATE_MODULES:
         try:
@@ -313,4 +230,9 @@ def install(env: Mapping[str, str] | None = None, log: Callable[[str], None] = _
         if allowed is not None:
             module.pickle = _StatePickle(allowed)  # type: ignore[attr-defined]
             done.append(f"rendezvous state unpickled allow-listed ({_LABELS[name]})")
+    if not any(item.startswith("rendezvous state") for item in done):
+        _log(
+            "warning: this NVRx keeps its rendezvous state where nvtrain does not know it: it is "
+            "read back unguarded, so whoever can reach the store could run code here (docs/security.md)"
+        )
     return done

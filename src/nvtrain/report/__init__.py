@@ -26,7 +26,7 @@ from nvtrain.report.model import (
     TimeSplit,
     build_report,
 )
-from nvtrain.report.timeline import TIMELINE_FILE, write_timeline
+from nvtrain.report.timeline import TIMELINE_FILE, can_draw, write_timeline
 from nvtrain.runlog import RunLog, read_log
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "TOTAL_JOB_TIME",
     "TRAINING_GOODPUT",
     "Checkpoints",
+    "can_draw",
     "Incident",
     "LayerRecovery",
     "Report",

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from nvtrain.report.model import Report, Segment
 
-__all__ = ["TIMELINE_FILE", "write_timeline"]
+__all__ = ["TIMELINE_FILE", "can_draw", "write_timeline"]
 
 TIMELINE_FILE = "report-timeline.png"
 """Name of the PNG written next to the events log."""
@@ -33,6 +33,16 @@ _LAYER_COLOURS = {
     "pod": "#76b7b2",
 }
 _KEPT, _LOST, _FAULT, _COMMIT = "#4e79a7", "#e15759", "#d62728", "#59a14f"
+
+
+def can_draw() -> bool:
+    """Whether matplotlib is there to draw the timeline (found, not imported)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def write_timeline(report: Report, path: Path) -> Path:

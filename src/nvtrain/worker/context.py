@@ -16,6 +16,7 @@ import torch.distributed as dist
 from nvtrain.config.schema import Policy
 from nvtrain.events import EventLog
 from nvtrain.events.records import ObjectReused, Step
+from nvtrain.nvrx import inprocess as nvrx_inprocess
 from nvtrain.worker.checkpoint import Checkpointer, committed_steps
 from nvtrain.worker.faults import FaultInjector
 from nvtrain.worker.heartbeat import KEEP_ALIVE_FALLBACK, Heartbeat
@@ -303,7 +304,7 @@ class Context:
         ``step_done``) and an automatic one that only advances while the main thread runs
         Python code. A thread here pings for the first, which covers stretches of Python code
         (an evaluation loop). On NVRx 0.6+ the timeouts are also switched off for the stretch
-        (``CallWrapper._disable_hang_protection``, back on at ``limit`` or at the end), which
+        (``nvrx.inprocess.hang_switch``, back on at ``limit`` or at the end), which
         covers one long call into C as well (a first save pinning its host buffers). On 0.4.1
         there is no such switch: a single call longer than the soft timeout still counts as a
         hang there (docs/worker.md)."""
@@ -311,18 +312,18 @@ class Context:
         if wrapper is None:
             yield
             return
-        switch = hasattr(wrapper, "_disable_hang_protection") and hasattr(wrapper, "_enable_hang_protection")
+        switch = nvrx_inprocess.hang_switch(wrapper)
         wrapper.ping()
-        if switch:
-            wrapper._disable_hang_protection()
+        if switch is not None:
+            switch[0]()
         done = threading.Event()
         every = max(0.05, self.policy.restart.in_process.soft_timeout / 4)
         enabled = threading.Lock()  # whoever switches the timeouts back on does it once
 
         def back_on() -> None:
-            if switch and enabled.acquire(blocking=False):
+            if switch is not None and enabled.acquire(blocking=False):
                 with contextlib.suppress(Exception):
-                    wrapper._enable_hang_protection()
+                    switch[1]()
 
         def keep() -> None:
             waited = 0.0

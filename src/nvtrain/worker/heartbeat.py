@@ -1,4 +1,4 @@
-"""Per-rank heartbeats to ft_launcher's rank monitor (NVRx ``RankMonitorClient``).
+"""Per-rank heartbeats to ft_launcher's rank monitor (``nvrx.rank_monitor``).
 
 Two NVRx pitfalls are handled here: a heartbeat is sent right after monitoring starts (a worker
 that dies before its first heartbeat otherwise leaves its monitor rejecting every later one),
@@ -17,7 +17,8 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from typing import Any
+
+from nvtrain.nvrx.rank_monitor import RankMonitor
 
 __all__ = ["KEEP_ALIVE_FALLBACK", "Heartbeat"]
 
@@ -35,17 +36,14 @@ class Heartbeat:
         self.interval = interval
         """Seconds between keep-alive beats: ``interval``, or a quarter of the rank monitor's
         steady-state timeout when that is shorter (a computed one may well be)."""
-        self._client: Any = None
+        self._client: RankMonitor | None = None
         self._lock = threading.Lock()
         self._startup: threading.Event | None = None
 
     def _follow(self) -> None:
         """Beat often enough for the steady-state timeout NVRx applies now."""
-        steady = getattr(getattr(self._client, "hb_timeouts", None), "subsequent", None)
-        if isinstance(steady, int | float) and steady > 0:
-            self.interval = min(self.base_interval, steady / 4)
-        else:
-            self.interval = self.base_interval
+        steady = None if self._client is None else self._client.steady_timeout()
+        self.interval = self.base_interval if steady is None else min(self.base_interval, steady / 4)
 
     def calculate_timeouts(self, initial: float | None, floor: float = 0.0) -> bool:
         """Ask NVRx to compute the heartbeat timeouts from the intervals observed so far (the
@@ -62,17 +60,8 @@ class Heartbeat:
         if self._client is None:
             return False
         with self._lock:
-            client = self._client
-            if not client.calculate_and_set_hb_timeouts(skip_if_not_ready=True):
+            if not self._client.calculate_timeouts(initial, floor):
                 return False
-            computed = client.hb_timeouts
-            subsequent = max(computed.subsequent, floor)
-            first = initial if initial is not None else max(computed.initial, subsequent)
-            first = max(first, floor)
-            if (computed.initial, computed.subsequent) != (first, subsequent):
-                # load_state_dict is NVRx's public way to hand computed timeouts to the monitor.
-                heartbeat = {"initial": first, "subsequent": subsequent, "were_calculated": True}
-                client.load_state_dict({client.CURRENT_TIMEOUTS_STATE_KEY: {"heartbeat": heartbeat}})
             self._follow()
         return True
 
@@ -83,12 +72,7 @@ class Heartbeat:
         initial timeout, not by the shorter steady-state one."""
         if not self.enabled or self._client is not None:
             return
-        from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
-
-        client = RankMonitorClient()
-        client.init_workload_monitoring()
-        client.send_heartbeat()
-        self._client = client
+        self._client = RankMonitor.connect()
         self._follow()  # timeouts a previous worker had computed stay with the rank monitor
         if startup_limit > 0:
             self._startup = threading.Event()
@@ -119,14 +103,14 @@ class Heartbeat:
     def beat(self) -> None:
         if self._client is not None:
             with self._lock:
-                self._client.send_heartbeat()
+                self._client.beat()
 
     def stop(self) -> None:
         if self._startup is not None:
             self._startup.set()
         if self._client is not None:
             with contextlib.suppress(Exception):
-                self._client.shutdown_workload_monitoring()
+                self._client.close()
             self._client = None
 
     @contextlib.contextmanager

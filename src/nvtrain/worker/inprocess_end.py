@@ -19,7 +19,7 @@ import os
 import time
 from typing import Any
 
-__all__ = ["LIMIT_S", "POLL_S", "finish"]
+__all__ = ["LIMIT_S", "POLL_S", "finish", "last_world"]
 
 LIMIT_S = 10.0
 """The longest a finished rank waits: a monitor process stops within its interval and the
@@ -41,6 +41,18 @@ def _key(iteration: int, rank: int) -> str:
     return f"nvtrain-finished-{iteration}-{rank}"
 
 
+def last_world(call_wrapper: Any) -> tuple[int, int]:
+    """This rank's index and the number of ranks in the last attempt: the active rank and world
+    size of the Wrapper's state (a world that shrank when the in-process layer dropped a rank, by
+    ``[restart.in_process] min_world_size``), which NVRx also puts in ``RANK`` and
+    ``WORLD_SIZE`` before each attempt; those when the state does not say (no attempt ran)."""
+    state = getattr(call_wrapper, "state", None)
+    rank, world = getattr(state, "active_rank", None), getattr(state, "active_world_size", None)
+    if isinstance(rank, int) and isinstance(world, int) and 0 <= rank < world:
+        return rank, world
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def finish(call_wrapper: Any, store: Any, *, hosts: bool, limit: float = LIMIT_S) -> None:
     """After the wrapped function returned on this rank: wait for this rank's NVRx monitor
     process (``call_wrapper``'s) to end, tell ``store`` (nvtrain's, hosted with the Wrapper's by
@@ -51,7 +63,7 @@ def finish(call_wrapper: Any, store: Any, *, hosts: bool, limit: float = LIMIT_S
     while monitor is not None and _running(monitor) and time.monotonic() < deadline:
         time.sleep(POLL_S)  # not our child (NVRx forks it twice): nothing to wait on but its state
     iteration = int(getattr(call_wrapper, "iteration", 0) or 0)
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    rank, world = last_world(call_wrapper)
     with contextlib.suppress(Exception):  # the store's: a rank gone, or the limit reached
         store.set(_key(iteration, rank), "1")
         if hosts:

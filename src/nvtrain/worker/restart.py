@@ -1,7 +1,7 @@
 """``run(main)``: the training function under NVRx in-process restart, configured by the policy.
 
-No ``from __future__ import annotations`` here: NVRx passes its ``CallWrapper`` to parameters
-annotated with the class itself, which string annotations would hide.
+NVRx's classes and keyword arguments are the boundary's (``nvtrain.nvrx.inprocess``); what
+happens at each of its steps is decided here.
 
 Per attempt: a fresh process group (its store prefixed with the attempt number), a fresh
 ``Context`` and ``Checkpointer``. On a soft fault every rank first gives the checkpoint in flight
@@ -13,7 +13,6 @@ ft_launcher.
 
 import contextlib
 import datetime
-import inspect
 import os
 import signal
 import socket
@@ -40,6 +39,7 @@ from nvtrain.events.records import (
     WorkerStopped,
     WorkerThreadError,
 )
+from nvtrain.nvrx import inprocess as nvrx_inprocess
 from nvtrain.nvrx.messages import from_nvrx, gave_up_reason, restart_cause
 from nvtrain.worker import inprocess_end, stopping
 from nvtrain.worker.context import Context
@@ -101,7 +101,19 @@ def _attempt(
                 )
             _Current.links = links
         else:
-            dist.init_process_group(_backend(policy.job.backend), timeout=timeout)
+            from nvtrain.worker import stores  # rank 0's store bound to MASTER_ADDR's address
+
+            env_store = stores.env_store(timeout)
+            if env_store is None:
+                dist.init_process_group(_backend(policy.job.backend), timeout=timeout)
+            else:  # env:// with that store: rank and world from the environment
+                dist.init_process_group(
+                    _backend(policy.job.backend),
+                    store=env_store,
+                    rank=int(os.environ["RANK"]),
+                    world_size=world,
+                    timeout=timeout,
+                )
     run_dir = Path(policy.checkpoint.dir) / settings.run_id
     ctx = Context(
         policy=policy,
@@ -197,6 +209,9 @@ def stop_limit(policy: Policy, events_path: Path | None) -> float:
 
 def run(main: Main) -> Any:
     """Run ``main(ctx)`` with the recovery layers the policy asks for; returns its result."""
+    from nvtrain.nvrx import logs as nvrx_logs  # NVRx's loggers set up before its Wrapper is built
+
+    nvrx_logs.configure_worker()
     settings = load_settings()
     policy = settings.policy
     rank = int(os.environ.get("RANK", "0"))
@@ -233,7 +248,9 @@ def run(main: Main) -> Any:
     _report_helper_thread_errors(events, rank)
     try:
         launched = "MASTER_ADDR" in os.environ and "RANK" in os.environ
-        if policy.restart.in_process.enabled and launched:
+        wanted = policy.restart.in_process.enabled and launched
+        missing = wanted and not nvrx_inprocess.available()  # a future NVRx may drop it
+        if wanted and not missing:
             # NVRx runs `while gc.collect(): pass` between attempts: with torch imported that is
             # 2 x 0.1-0.3 s of every in-process restart spent walking objects that live as long as
             # the process. Frozen now, they are skipped; what the attempts create is not frozen.
@@ -242,6 +259,11 @@ def run(main: Main) -> Any:
         return _attempt(main, settings, events, heartbeat, faults, iteration=0)
     except BaseException as exc:
         _end(exc, rank, events, policy)
+        if missing and isinstance(exc, Exception):
+            say(
+                f"{type(exc).__name__} in the training function; {nvrx_inprocess.MISSING_AT_FAULT}",
+                prefix=f"nvtrain: rank {rank}: ",
+            )
         raise  # not reached when the in-process layer gave up or a stop was requested
     finally:
         heartbeat.stop()
@@ -301,102 +323,71 @@ def _report_helper_thread_errors(events: EventLog | None, rank: int) -> None:
 def _run_in_process(
     main: Main, settings: WorkerSettings, events: EventLog | None, heartbeat: Heartbeat, faults: FaultInjector
 ) -> Any:
-    from nvidia_resiliency_ext import inprocess
-    from nvidia_resiliency_ext.inprocess.monitor_thread import RankShouldRestart
-
     # The arguments, with the reasons for each value: config/wrapper_plan.py (`--dry-run` shows them).
     world = int(os.environ["WORLD_SIZE"])
     plan = plan_wrapper(
         settings.policy,
         world=world,
         has_gpu=torch.cuda.is_available(),
-        features=WrapperFeatures.of(inspect.signature(inprocess.Wrapper).parameters, None),
+        features=WrapperFeatures.of(nvrx_inprocess.wrapper_parameters(), None),
     )
     assert plan.monitor_thread_interval is not None and plan.min_world_size is not None  # world known
     interrupted: list[str] = []  # the first interruption NVRx raised in this attempt, if any
 
-    class _DropCheckpoint(inprocess.finalize.Finalize):  # type: ignore[misc]
-        def __call__(self, state: Any) -> Any:
-            ctx = _Current.context
-            if ctx is not None:
-                ctx.abort()
-            if events is not None:
-                cause, detail = restart_cause(
-                    getattr(state, "fn_exception", None), interrupted, int(os.environ.get("RANK", "-1"))
+    def drop_checkpoint(state: Any) -> None:
+        """Between attempts: the save in flight is dropped, the restart logged."""
+        ctx = _Current.context
+        if ctx is not None:
+            ctx.abort()
+        if events is not None:
+            rank = int(os.environ["RANK"])  # NVRx sets it anew when it assigns the ranks again
+            cause, detail = restart_cause(getattr(state, "fn_exception", None), interrupted, rank)
+            events.emit(
+                RestartBegin(
+                    layer="in_process",
+                    rank=rank,
+                    iteration=getattr(state, "iteration", None),
+                    cause=cause,
+                    detail=detail,
                 )
-                events.emit(
-                    RestartBegin(
-                        layer="in_process",
-                        rank=int(os.environ["RANK"]),
-                        iteration=getattr(state, "iteration", None),
-                        cause=cause,
-                        detail=detail,
-                    )
-                )
-            interrupted.clear()
-            return state
+            )
+        interrupted.clear()
 
-    abort_collectives = inprocess.abort.AbortTorchDistributed()  # NVRx's default abort
-
-    class _SettleThenAbort(inprocess.abort.Abort):  # type: ignore[misc]
-        """The healthy ranks' side of keeping the save in flight: wait for it, then abort.
+    def settle_first() -> None:
+        """The healthy ranks' side of keeping the save in flight: wait for it before NVRx
+        aborts the collectives.
 
         The last step is logged here too: a main thread blocked in a collective for longer than
         the soft timeout gets NVRx's interruption raised again and again once it returns, which
         can cut its own logging short; this (NVRx's monitor) thread is not interrupted."""
+        # This rank's main thread, if blocked in a gloo collective, is freed first.
+        _cut_links()
+        ctx = _Current.context
+        if ctx is not None:
+            with contextlib.suppress(Exception):  # the abort must happen whatever
+                ctx.log_last_step()
+            with contextlib.suppress(Exception):
+                ctx.settle(settle_limit(settings.policy))
 
-        def __call__(self, state: Any) -> Any:
-            # This rank's main thread, if blocked in a gloo collective, is freed first.
-            _cut_links()
-            ctx = _Current.context
-            if ctx is not None:
-                with contextlib.suppress(Exception):  # the abort must happen whatever
-                    ctx.log_last_step()
-                with contextlib.suppress(Exception):
-                    ctx.settle(settle_limit(settings.policy))
-            return abort_collectives(state)
-
-    health = inprocess.health_check.CudaHealthCheck() if plan.cuda_health_check else None
-    # [restart.in_process] failure_window is NVRx's last_call_wait where the Wrapper takes it.
-    window = {"last_call_wait": plan.last_call_wait} if plan.last_call_wait_passed else {}
-    wrapper = inprocess.Wrapper(
-        **window,
-        store_kwargs={"timeout": plan.barrier_timeout},
-        initialize=inprocess.initialize.RetryController(
-            max_iterations=plan.max_iterations, min_world_size=plan.min_world_size
-        ),
-        abort=_SettleThenAbort(),
-        finalize=_DropCheckpoint(),
-        health_check=health,
-        soft_timeout=plan.soft_timeout,
-        hard_timeout=plan.hard_timeout,
-        heartbeat_timeout=plan.heartbeat_timeout,
-        barrier_timeout=plan.barrier_timeout,
-        completion_timeout=plan.barrier_timeout,
-        monitor_thread_interval=plan.monitor_thread_interval,
-        monitor_process_interval=plan.monitor_process_interval,
-        heartbeat_interval=plan.heartbeat_interval,
-        progress_watchdog_interval=plan.heartbeat_interval,
+    wrapper = nvrx_inprocess.build_wrapper(
+        plan,
+        abort=nvrx_inprocess.abort_step(settle_first),
+        finalize=nvrx_inprocess.finalize_step(drop_checkpoint),
     )
-    if plan.replaces_restart_health_check(hasattr(wrapper, "restart_health_check")):
+    if plan.replaces_restart_health_check(nvrx_inprocess.has_restart_health_check(wrapper)):
         # NVRx 0.6+ adds GPU, NVLink and NIC checks to every restart; without a GPU they fail,
         # with one they stay.
-        wrapper.restart_health_check = wrapper.health_check
+        nvrx_inprocess.use_restart_health_check(wrapper)
     hosts = int(os.environ["RANK"]) == 0  # this process hosts the Wrapper's store and this one
-    base_store = dist.TCPStore(  # type: ignore[attr-defined]
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]) + 1,
-        world_size=world,
-        is_master=hosts,
-        timeout=plan.barrier_timeout,
-        multi_tenant=True,
-        use_libuv=True,
-        wait_for_workers=False,
-    )
+    from nvtrain.worker import stores  # bound to MASTER_ADDR's address, NVRx's unpickling guarded
 
+    base_store = stores.inprocess_base_store(world, hosts=hosts, timeout=plan.barrier_timeout)
+    stores.guard_wrapper_store(wrapper)  # the Wrapper's own store (MASTER_PORT) bound the same way
+
+    interruption = nvrx_inprocess.interruption()
     last: list[Any] = []  # the CallWrapper, kept (with the store it holds) until the monitors end
 
-    def attempt(call_wrapper: inprocess.CallWrapper = None) -> Any:
+    def attempt(call_wrapper: Any) -> Any:
         last[:] = [call_wrapper]
         iteration = call_wrapper.iteration
         if iteration > 0 and events is not None:
@@ -415,11 +406,11 @@ def _run_in_process(
             return _attempt(
                 main, settings, events, heartbeat, faults, iteration, store=store, call_wrapper=call_wrapper
             )
-        except RankShouldRestart as exc:  # NVRx interrupted this attempt
+        except interruption as exc:  # NVRx interrupted this attempt
             if not interrupted:
                 interrupted.append(str(exc))
             raise
 
-    result = wrapper(attempt)()
+    result = wrapper(nvrx_inprocess.passing_call_wrapper(attempt))()
     inprocess_end.finish(last[0] if last else None, base_store, hosts=hosts)
     return result

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from nvtrain.entry import Exit, Target, finish, run
+from nvtrain.nvrx import names as nvrx_names
 from nvtrain.private import check_private_dir
 from nvtrain.zygote.forkcheck import fork_problem, os_threads
 from nvtrain.zygote.unixpath import reachable
@@ -67,8 +68,7 @@ BASE = (
     # The first optimizer a process builds imports this (torch.optim's compile checks): 1.6-2.3 s
     # of every warm worker's start on an H200 (benchmarks/recovery/restore_phases.py).
     "torch._dynamo",
-    "nvidia_resiliency_ext.fault_tolerance",
-    "nvidia_resiliency_ext.inprocess",
+    *nvrx_names.PRELOAD,
     "nvtrain.worker",
     "nvtrain.worker.hostcopy",
     "xxhash",

@@ -50,6 +50,13 @@ def main(ctx: Any, options: argparse.Namespace) -> None:
     data = torch.stack([tokens(i) for i in range(24)])
     loader = torch.utils.data.DataLoader(data, batch_size=2, shuffle=True)
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    # Lightning's own saves every N steps (nvtrain's replace them, at that cadence when the
+    # policy has no [checkpoint] interval).
+    saves = (
+        [L.pytorch.callbacks.ModelCheckpoint(every_n_train_steps=options.checkpoint_every)]
+        if options.checkpoint_every
+        else []
+    )
     trainer = L.Trainer(
         accelerator="cpu",
         devices=per_node,
@@ -57,11 +64,13 @@ def main(ctx: Any, options: argparse.Namespace) -> None:
         strategy="ddp" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "auto",
         max_steps=options.steps,
         default_root_dir=options.out,  # its ModelCheckpoint's folder: nvtrain's saves replace them
-        callbacks=[Losses()],
+        callbacks=[Losses()] + saves,
         enable_progress_bar=False,
         enable_model_summary=False,
         logger=False,
     )
+    if options.ckpt_path:  # a call the integration refuses (exit 2 at once)
+        nvpl.fit(ctx, trainer, model, train_dataloaders=loader, ckpt_path=options.ckpt_path)
     nvpl.fit(ctx, trainer, model, train_dataloaders=loader)
     scheduler = trainer.lr_scheduler_configs[0].scheduler
     digest = fingerprint(model, trainer.optimizers[0], scheduler)
@@ -74,5 +83,9 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--out", required=True)
     parser.add_argument("--linger", type=float, default=0.0, help="seconds of Python code after training")
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=0, help="ModelCheckpoint(every_n_train_steps=...)"
+    )
+    parser.add_argument("--ckpt-path", default="", help="call fit(..., ckpt_path=...)")
     options = parser.parse_args()
     nvpl.run(lambda ctx: main(ctx, options))

@@ -14,11 +14,13 @@ __all__ = ["print_wrapper_plan"]
 TITLE = "in-process restart (NVRx Wrapper)"
 
 
-def print_wrapper_plan(plan: WrapperPlan | None, nvrx: str) -> None:
+def print_wrapper_plan(
+    plan: WrapperPlan | None, nvrx: str, off: str = "[restart.in_process] enabled = false"
+) -> None:
     """``plan`` as the workers pass it, for ``nvtrain`` (a version, or what stands for one);
-    None: in-process restart is off."""
+    None: in-process restart is off, for the reason ``off``."""
     if plan is None:
-        lines = [f"{TITLE}: off ([restart.in_process] enabled = false)"]
+        lines = [f"{TITLE}: off ({off})"]
     else:
         lines = [f"{TITLE}, with {nvrx}:"]
         lines += [f"  {name} = {value}" for name, value in plan.rows()]
